@@ -1,0 +1,28 @@
+"""Robust aggregation on (n, d) tensors. Depends on torch only.
+
+>>> import torch, aggregators
+>>> agg = aggregators.build("nnm+median", f=2)
+>>> agg(torch.randn(10, 1000)).shape
+torch.Size([1000])
+"""
+
+from .base import Rule, pairwise_sq_distances, sanitize
+from .pipeline import AGGREGATORS, PRE_AGGREGATORS, Pipeline, build
+from .pre import ARC, NNM, Bucketing, Clipping
+from .rules import (
+    CenteredClipping,
+    CoordinateWiseMedian,
+    GeometricMedian,
+    Krum,
+    Mean,
+    Meamed,
+    MoNNA,
+    MultiKrum,
+    TrimmedMean,
+)
+
+__all__ = [
+    "AGGREGATORS", "PRE_AGGREGATORS", "Pipeline", "Rule", "build", "sanitize", "pairwise_sq_distances",
+    "Mean", "CoordinateWiseMedian", "TrimmedMean", "Krum", "MultiKrum", "GeometricMedian",
+    "CenteredClipping", "Meamed", "MoNNA", "NNM", "Bucketing", "Clipping", "ARC",
+]

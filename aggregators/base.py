@@ -1,0 +1,98 @@
+"""Shared machinery of every rule: input checks, the hostile-input policy, distances.
+
+Hostile-input policy (applies to every rule that sanitizes, i.e. all but `Mean` used alone,
+and to every `Pipeline`): each non-finite entry (NaN, +inf, -inf) is replaced by 0 before
+the rule runs. A row that carried such entries stays what it was, a Byzantine row, now
+finite, and the rule's robustness argument covers it like any other Byzantine row. Huge
+finite values (1e38) are left as they are; distances that overflow count as +inf, so such
+rows are simply "far" and never overflow the output, which is always built from
+convex combinations or order statistics of the inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def sanitize(x: torch.Tensor) -> torch.Tensor:
+    """A copy of `x` with NaN and +-inf entries replaced by 0 (never modifies `x`)."""
+    return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def check_messages(x: torch.Tensor, rule: str) -> None:
+    """Raise a ValueError unless `x` is a floating (n, d) tensor with n >= 1."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{rule}: messages must be a torch.Tensor of shape (n, d), got {type(x).__name__}")
+    if x.dim() != 2 or x.shape[0] < 1:
+        raise ValueError(f"{rule}: messages must have shape (n, d) with n >= 1, got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{rule}: messages must be a floating-point tensor, got {x.dtype}")
+
+
+def check_f(f: int, rule: str) -> int:
+    if isinstance(f, bool) or not isinstance(f, int) or f < 0:
+        raise ValueError(f"{rule}: f (number of Byzantine messages) must be an integer >= 0, got {f!r}")
+    return f
+
+
+def working_dtype(x: torch.Tensor) -> torch.Tensor:
+    """Half-precision inputs are promoted for distance arithmetic (their range overflows at 6.5e4)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def sq_distances(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Squared Euclidean distances (n, m) between rows of x (n, d) and y (m, d).
+
+    One matrix product (|a|^2 + |b|^2 - 2 a.b), never an (n, m, d) intermediate. Entries that
+    overflow (inf - inf = NaN) become +inf; cancellation noise below 0 becomes 0.
+    """
+    xw, yw = working_dtype(x), working_dtype(y)
+    d = (xw * xw).sum(1)[:, None] + (yw * yw).sum(1)[None, :] - 2.0 * (xw @ yw.T)
+    return torch.nan_to_num(d, nan=float("inf"), posinf=float("inf")).clamp_min_(0.0)
+
+
+def pairwise_sq_distances(x: torch.Tensor) -> torch.Tensor:
+    """(n, n) squared distances with an exact zero diagonal."""
+    d = sq_distances(x, x)
+    d.fill_diagonal_(0.0)
+    return d
+
+
+def nearest_mean_weights(dist: torch.Tensor, k: int) -> torch.Tensor:
+    """Row-stochastic (r, n) weights: 1/k on each row's k nearest columns by `dist` (r, n)."""
+    idx = dist.topk(k, dim=1, largest=False).indices
+    w = torch.zeros_like(dist)
+    return w.scatter_(1, idx, 1.0 / k)
+
+
+def device_generator(cache: dict, seed: int, device: torch.device) -> torch.Generator:
+    """One explicit generator per device, created from `seed` on first use."""
+    if device not in cache:
+        cache[device] = torch.Generator(device=device).manual_seed(seed)
+    return cache[device]
+
+
+class Rule:
+    """A step of a pipeline. Subclasses implement `apply` (on sanitized input) and `rows_out`.
+
+    `rows_out(n)` validates that the rule can run on n messages (ValueError otherwise) and
+    returns how many rows it outputs (1 for an aggregator's single vector).
+    """
+
+    name = "rule"
+    sanitizes = True
+
+    def rows_out(self, n: int) -> int:
+        return 1
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        check_messages(x, self.name)
+        self.rows_out(x.shape[0])
+        return self.apply(sanitize(x) if self.sanitizes else x)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({args})"

@@ -1,0 +1,217 @@
+"""Aggregators: (n, d) float messages -> one (d,) vector.
+
+Every rule keeps the input's dtype and device, never writes into its input and never
+synchronizes with the host: all data-dependent choices (which row Krum picks, which values
+a trimmed mean keeps) stay tensors. Row-count constraints depend only on shapes, so they
+are checked on the host before any kernel runs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Rule, check_f, nearest_mean_weights, pairwise_sq_distances, sq_distances
+
+
+def _sorted(x: torch.Tensor) -> torch.Tensor:
+    return torch.sort(x, dim=0).values
+
+
+def _median(x: torch.Tensor) -> torch.Tensor:
+    s, n = _sorted(x), x.shape[0]
+    if n % 2:
+        return s[n // 2].clone()
+    return s[n // 2 - 1] / 2 + s[n // 2] / 2  # halves first: no overflow near the dtype's max
+
+
+def _require(cond: bool, rule: str, what: str) -> None:
+    if not cond:
+        raise ValueError(f"{rule}: {what}")
+
+
+class Mean(Rule):
+    """Plain average: the non-robust baseline. Used alone it does not sanitize (one hostile
+    NaN makes the output NaN, as a textbook average would); inside a `Pipeline` the input is
+    sanitized first like for every other rule."""
+
+    name = "mean"
+    sanitizes = False
+
+    def apply(self, x):
+        return x.mean(0)
+
+
+class CoordinateWiseMedian(Rule):
+    """Per coordinate, the median; the average of the two middle values for even n.
+
+    With f given, requires f < n/2; then, with at most f hostile rows, every output
+    coordinate lies in the honest rows' range for that coordinate (NaN/inf included, see
+    the hostile-input policy in `aggregators.base`).
+    """
+
+    name = "median"
+
+    def __init__(self, f: int | None = None):
+        self.f = None if f is None else check_f(f, self.name)
+
+    def rows_out(self, n):
+        if self.f is not None:
+            _require(2 * self.f < n, self.name, f"needs f < n/2, got f={self.f}, n={n}")
+        return 1
+
+    def apply(self, x):
+        return _median(x)
+
+
+class TrimmedMean(Rule):
+    """Per coordinate, drop the f largest and the f smallest values, average the rest.
+
+    Requires 2f < n. With at most f hostile rows the output lies in the honest range.
+    """
+
+    name = "trmean"
+
+    def __init__(self, f: int):
+        self.f = check_f(f, self.name)
+
+    def rows_out(self, n):
+        _require(2 * self.f < n, self.name, f"needs 2f < n, got f={self.f}, n={n}")
+        return 1
+
+    def apply(self, x):
+        n = x.shape[0]
+        return _sorted(x)[self.f : n - self.f].mean(0)
+
+
+def krum_scores(x: torch.Tensor, f: int) -> torch.Tensor:
+    """Krum score of each row: sum of squared distances to its n - f - 2 nearest other rows."""
+    n = x.shape[0]
+    d = pairwise_sq_distances(x)
+    # Column 0 of each sorted row is the row itself (distance 0).
+    return torch.sort(d, dim=1).values[:, 1 : n - f - 1].sum(1)
+
+
+class Krum(Rule):
+    """Krum (Blanchard et al. 2017): the row with the smallest Krum score. Requires n > 2f + 2."""
+
+    name = "krum"
+
+    def __init__(self, f: int):
+        self.f = check_f(f, self.name)
+
+    def rows_out(self, n):
+        _require(n > 2 * self.f + 2, self.name, f"needs n > 2f + 2, got f={self.f}, n={n}")
+        return 1
+
+    def apply(self, x):
+        best = krum_scores(x, self.f).argmin()
+        return x.index_select(0, best.reshape(1))[0]
+
+
+class MultiKrum(Rule):
+    """Multi-Krum: average of the m rows with the smallest Krum scores (m = n - f by default)."""
+
+    name = "multikrum"
+
+    def __init__(self, f: int, m: int | None = None):
+        self.f = check_f(f, self.name)
+        self.m = m
+
+    def _m(self, n):
+        return n - self.f if self.m is None else self.m
+
+    def rows_out(self, n):
+        _require(n > 2 * self.f + 2, self.name, f"needs n > 2f + 2, got f={self.f}, n={n}")
+        _require(1 <= self._m(n) <= n, self.name, f"m must be in [1, n={n}], got m={self.m}")
+        return 1
+
+    def apply(self, x):
+        scores = krum_scores(x, self.f)
+        keep = scores.topk(self._m(x.shape[0]), largest=False).indices
+        return x.index_select(0, keep).mean(0)
+
+
+class GeometricMedian(Rule):
+    """Smoothed Weiszfeld (Pillutla et al. 2022, RFA): a fixed number of iterations (no
+    convergence test, hence no host sync), distances floored at `nu`, started from the
+    coordinate-wise median so that far rows cannot drag the start point."""
+
+    name = "geomed"
+
+    def __init__(self, iters: int = 30, nu: float = 1e-6):
+        _require(isinstance(iters, int) and iters >= 1, self.name, f"iters must be an integer >= 1, got {iters!r}")
+        _require(nu > 0, self.name, f"nu must be > 0, got {nu!r}")
+        self.iters, self.nu = iters, nu
+
+    def apply(self, x):
+        z = _median(x)
+        for _ in range(self.iters):
+            dist = torch.linalg.vector_norm(x - z, dim=1)
+            w = 1.0 / dist.clamp_min(self.nu)  # an overflowed (inf) distance gets weight 0
+            z = (w / w.sum()).to(x.dtype) @ x
+        return z
+
+
+class CenteredClipping(Rule):
+    """Centered clipping (Karimireddy et al. 2021): v <- v + mean_i clip(x_i - v, tau), `iters`
+    times, from the coordinate-wise median (the paper starts from the previous aggregate; a
+    stateless rule cannot, and the median is a robust stand-in)."""
+
+    name = "cc"
+
+    def __init__(self, tau: float = 1.0, iters: int = 3):
+        _require(tau > 0, self.name, f"tau must be > 0, got {tau!r}")
+        _require(isinstance(iters, int) and iters >= 1, self.name, f"iters must be an integer >= 1, got {iters!r}")
+        self.tau, self.iters = tau, iters
+
+    def apply(self, x):
+        v = _median(x)
+        for _ in range(self.iters):
+            diff = x - v
+            norm = torch.linalg.vector_norm(diff, dim=1, keepdim=True)
+            scale = (self.tau / norm).clamp(max=1.0)  # norm 0 -> inf -> 1; norm inf -> 0
+            v = v + (diff * scale).mean(0)
+        return v
+
+
+class Meamed(Rule):
+    """Mean around median (Xie et al. 2018): per coordinate, the average of the n - f values
+    closest to the coordinate-wise median. Requires 2f < n."""
+
+    name = "meamed"
+
+    def __init__(self, f: int):
+        self.f = check_f(f, self.name)
+
+    def rows_out(self, n):
+        _require(2 * self.f < n, self.name, f"needs 2f < n, got f={self.f}, n={n}")
+        return 1
+
+    def apply(self, x):
+        dev = (x - _median(x)).abs()
+        idx = dev.topk(x.shape[0] - self.f, dim=0, largest=False).indices
+        return x.gather(0, idx).mean(0)
+
+
+class MoNNA(Rule):
+    """MoNNA (Farhadkhani et al. 2023): the mean of the n - f nearest neighbours (Euclidean,
+    itself included) of the trusted row `idx`. The caller places a trusted message there
+    (robustbn puts honest messages first). Not permutation invariant, by design."""
+
+    name = "monna"
+
+    def __init__(self, f: int, idx: int = 0):
+        self.f = check_f(f, self.name)
+        self.idx = idx
+
+    def rows_out(self, n):
+        _require(self.f < n, self.name, f"needs f < n, got f={self.f}, n={n}")
+        _require(0 <= self.idx < n, self.name, f"idx must be in [0, n={n}), got {self.idx}")
+        return 1
+
+    def apply(self, x):
+        pivot = x[self.idx : self.idx + 1]
+        dist = sq_distances(pivot, x)
+        dist[0, self.idx] = -1.0  # the pivot always counts itself
+        w = nearest_mean_weights(dist, x.shape[0] - self.f)
+        return (w.to(x.dtype) @ x)[0]

@@ -1,0 +1,53 @@
+"""The attack interface: `attack(honest, f)`, honest messages (h, d) -> f Byzantine messages (f, d).
+
+Attackers are omniscient: they see every honest message of the round. Output keeps the
+honest messages' device and dtype. Randomness comes only from an explicit
+`torch.Generator` (given, or one per device seeded with `seed`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Attack:
+    name = "attack"
+
+    def __call__(self, honest: torch.Tensor, f: int) -> torch.Tensor:
+        if not isinstance(honest, torch.Tensor) or honest.dim() != 2 or not honest.is_floating_point():
+            got = tuple(honest.shape) if isinstance(honest, torch.Tensor) else type(honest).__name__
+            raise ValueError(f"{self.name}: honest messages must be a floating (h, d) tensor, got {got}")
+        if isinstance(f, bool) or not isinstance(f, int) or f < 0:
+            raise ValueError(f"{self.name}: f (number of Byzantine messages) must be an integer >= 0, got {f!r}")
+        if honest.shape[0] < 1:
+            raise ValueError(f"{self.name}: needs at least one honest message, got shape {tuple(honest.shape)}")
+        if f == 0:
+            return honest.new_empty((0, honest.shape[1]))
+        return self.forge(honest, f)
+
+    def forge(self, honest: torch.Tensor, f: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({args})"
+
+
+def repeat(row: torch.Tensor, f: int) -> torch.Tensor:
+    """f identical Byzantine messages (a fresh tensor: callers may write into it)."""
+    return row.unsqueeze(0).repeat(f, 1)
+
+
+class Generated:
+    """Mixin: an explicit generator, or one per device seeded with `seed`."""
+
+    def _init_generator(self, seed: int, generator: torch.Generator | None) -> None:
+        self.seed = seed
+        self._generator, self._per_device = generator, {}
+
+    def generator_for(self, device: torch.device) -> torch.Generator:
+        if self._generator is not None:
+            return self._generator
+        if device not in self._per_device:
+            self._per_device[device] = torch.Generator(device=device).manual_seed(self.seed)
+        return self._per_device[device]

@@ -1,0 +1,126 @@
+"""The classic attacks of the Byzantine ML literature, and hostile values."""
+
+from __future__ import annotations
+
+from statistics import NormalDist
+
+import torch
+
+from .base import Attack, Generated, repeat
+
+
+class SignFlipping(Attack):
+    """SF (Allen-Zhu et al. 2020): every Byzantine client sends -mean(honest)."""
+
+    name = "sf"
+
+    def forge(self, honest, f):
+        return repeat(-honest.mean(0), f)
+
+
+class FallOfEmpires(Attack):
+    """FOE / inner-product manipulation (Xie et al. 2020): -eps * mean(honest)."""
+
+    name = "foe"
+
+    def __init__(self, eps: float = 0.1):
+        self.eps = float(eps)
+
+    def forge(self, honest, f):
+        return repeat(-self.eps * honest.mean(0), f)
+
+
+def alie_z(n: int, f: int) -> float:
+    """Baruch et al. (2019): s = floor(n/2 + 1) - f, z = Phi^-1((n - s) / n)."""
+    s = n // 2 + 1 - f
+    p = (n - s) / n
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"alie: z = Phi^-1((n - s)/n) is undefined for n={n}, f={f} "
+                         f"(s = floor(n/2 + 1) - f = {s}); pass z explicitly")
+    return NormalDist().inv_cdf(p)
+
+
+class ALittleIsEnough(Attack):
+    """ALIE (Baruch et al. 2019): mean(honest) - z * std(honest), per coordinate.
+
+    std is the sample standard deviation (Bessel-corrected, divisor h - 1; divisor 1 when
+    h = 1, where it is 0). Without z, it is Baruch et al.'s with n = h + f: see `alie_z`.
+    """
+
+    name = "alie"
+
+    def __init__(self, z: float | None = None):
+        self.z = z
+
+    def forge(self, honest, f):
+        h = honest.shape[0]
+        z = alie_z(h + f, f) if self.z is None else float(self.z)
+        std = honest.std(0, correction=1 if h > 1 else 0)
+        return repeat(honest.mean(0) - z * std, f)
+
+
+class Gaussian(Attack, Generated):
+    """Byzantine messages drawn from N(mean, sigma^2 I); sigma = 200 as in Blanchard et al. 2017."""
+
+    name = "gaussian"
+
+    def __init__(self, sigma: float = 200.0, mean: float = 0.0, seed: int = 0,
+                 generator: torch.Generator | None = None):
+        self.sigma, self.mean = float(sigma), float(mean)
+        self._init_generator(seed, generator)
+
+    def forge(self, honest, f):
+        g = self.generator_for(honest.device)
+        noise = torch.randn((f, honest.shape[1]), generator=g, device=g.device, dtype=honest.dtype)
+        return (self.mean + self.sigma * noise).to(honest.device)
+
+
+class NaNAttack(Attack):
+    """Messages made only of NaN."""
+
+    name = "nan"
+
+    def forge(self, honest, f):
+        return torch.full((f, honest.shape[1]), float("nan"), device=honest.device, dtype=honest.dtype)
+
+
+class InfAttack(Attack):
+    """Messages made only of +inf (sign=-1: -inf)."""
+
+    name = "inf"
+
+    def __init__(self, sign: int = 1):
+        if sign not in (1, -1):
+            raise ValueError(f"inf: sign must be 1 or -1, got {sign!r}")
+        self.sign = sign
+
+    def forge(self, honest, f):
+        return torch.full((f, honest.shape[1]), self.sign * float("inf"), device=honest.device, dtype=honest.dtype)
+
+
+class Mimic(Attack):
+    """Mimic (Karimireddy et al. 2022): every Byzantine client copies honest message `target`,
+    over-weighting one client's data (harmful under heterogeneity)."""
+
+    name = "mimic"
+
+    def __init__(self, target: int = 0):
+        self.target = target
+
+    def forge(self, honest, f):
+        if not 0 <= self.target < honest.shape[0]:
+            raise ValueError(f"mimic: target must be in [0, h={honest.shape[0]}), got {self.target}")
+        return repeat(honest[self.target], f)
+
+
+class Scaling(Attack):
+    """factor * mean(honest). On the `bn_var` channel this is variance deflation (factor << 1:
+    every activation of the next layer blows up) or inflation (factor >> 1)."""
+
+    name = "scale"
+
+    def __init__(self, factor: float = 1e-6):
+        self.factor = float(factor)
+
+    def forge(self, honest, f):
+        return repeat(self.factor * honest.mean(0), f)

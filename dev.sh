@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set up (create or reuse .venv, install the project when pyproject.toml changed), then run:
+#   ./dev.sh demo [ARGS]   the main job: robustbn demo
+#   ./dev.sh test [ARGS]   the whole test suite (HYPOTHESIS_PROFILE=ci for >= 500 examples a property)
+#   ./dev.sh setup         only set up
+set -euo pipefail
+cd "$(dirname "$0")"
+
+VENV=${ROBUSTBN_VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "dev.sh: needs Python >= 3.11 as \$PYTHON (now: $PYTHON, $("$PYTHON" --version 2>&1 || echo missing))" >&2
+  exit 2
+fi
+
+setup() {
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  local want stamp="$VENV/.robustbn-installed"
+  want=$(cat pyproject.toml | "$PYTHON" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    echo "dev.sh: installing robustbn and its dependencies into $VENV (first time: a few minutes)" >&2
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+    echo "$want" > "$stamp"
+  fi
+}
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  setup) setup ;;
+  demo) setup; exec "$VENV/bin/robustbn" demo "$@" ;;
+  test) setup; exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" ;;
+  *) echo "usage: ./dev.sh {demo|test|setup} [ARGS]" >&2; exit 2 ;;
+esac

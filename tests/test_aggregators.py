@@ -1,0 +1,312 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import aggregators as A
+import reference as ref
+
+# Row counts: n, and f with n > 2f + 2 so that every rule (Krum's bound is the strictest) applies.
+n_f = st.integers(1, 6).flatmap(lambda f: st.tuples(st.integers(2 * f + 3, 2 * f + 9), st.just(f)))
+seeds = st.integers(0, 2**31 - 1)
+dims = st.integers(1, 12)
+
+
+def randn(seed, n, d, dtype=torch.float64):
+    return torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def aggregator(name, f):
+    """Every aggregator (a bare rule, as users build them), by spec name."""
+    return A.build(name, f=f).agg if name != "mean" else A.Mean()
+
+
+ALL = sorted(A.AGGREGATORS)
+ROBUST = [a for a in ALL if a != "mean"]
+PERMUTATION_INVARIANT = [a for a in ALL if a != "monna"]
+SCALE_EQUIVARIANT = [a for a in ALL if a != "cc"]  # cc clips at a fixed radius tau
+PIPELINES = ["nnm+median", "nnm+trmean", "nnm+krum", "bucketing+cc", "clipping+mean",
+             "arc+trmean", "nnm+geomed", "arc+nnm+meamed"]
+
+
+# ---- against the numpy references ------------------------------------------------------
+
+REFERENCES = {
+    "mean": lambda x, f: ref.mean(x),
+    "median": lambda x, f: ref.median(x),
+    "trmean": ref.trmean,
+    "krum": ref.krum,
+    "multikrum": ref.multikrum,
+    "geomed": lambda x, f: ref.geomed(x),
+    "cc": lambda x, f: ref.cc(x),
+    "meamed": ref.meamed,
+    "monna": ref.monna,
+}
+
+
+@pytest.mark.parametrize("name", ALL)
+@given(nf=n_f, d=dims, seed=seeds)
+def test_aggregator_matches_numpy_reference(name, nf, d, seed):
+    n, f = nf
+    x = randn(seed, n, d)
+    got = aggregator(name, f)(x)
+    np.testing.assert_allclose(got.numpy(), REFERENCES[name](x.numpy(), f), rtol=1e-9, atol=1e-9)
+
+
+@given(nf=n_f, d=dims, seed=seeds)
+def test_nnm_matches_reference(nf, d, seed):
+    n, f = nf
+    x = randn(seed, n, d)
+    np.testing.assert_allclose(A.NNM(f)(x).numpy(), ref.nnm(x.numpy(), f), rtol=1e-9, atol=1e-9)
+
+
+@given(n=st.integers(1, 20), s=st.integers(1, 6), d=dims, seed=seeds, bucket_seed=seeds)
+def test_bucketing_matches_reference(n, s, d, seed, bucket_seed):
+    x = randn(seed, n, d)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(bucket_seed)).numpy()
+    got = A.Bucketing(s, seed=bucket_seed)(x)
+    assert got.shape == (math.ceil(n / s), d)
+    np.testing.assert_allclose(got.numpy(), ref.bucketing(x.numpy(), s, perm), rtol=1e-9, atol=1e-9)
+
+
+@given(n=st.integers(1, 20), d=dims, seed=seeds, c=st.one_of(st.none(), st.floats(0.01, 10)))
+def test_clipping_matches_reference(n, d, seed, c):
+    x = randn(seed, n, d)
+    np.testing.assert_allclose(A.Clipping(c)(x).numpy(), ref.clipping(x.numpy(), c), rtol=1e-6, atol=1e-9)
+
+
+@given(nf=n_f, d=dims, seed=seeds)
+def test_arc_matches_reference(nf, d, seed):
+    n, f = nf
+    x = randn(seed, n, d)
+    np.testing.assert_allclose(A.ARC(f)(x).numpy(), ref.arc(x.numpy(), f), rtol=1e-6, atol=1e-9)
+
+
+def test_arc_uses_exact_integer_count():
+    # 2 * (3/9) * 6 = 4 exactly; in floats it is 3.999..., which would clip one row too few.
+    x = torch.arange(1.0, 10.0, dtype=torch.float64)[:, None]
+    out = A.ARC(3)(x)[:, 0]
+    torch.testing.assert_close(out, torch.tensor([1, 2, 3, 4, 5, 5, 5, 5, 5], dtype=torch.float64))
+
+
+def test_geometric_median_beats_every_input_on_its_objective():
+    x = randn(3, 15, 4)
+    z = A.GeometricMedian(iters=200)(x)
+    objective = lambda p: torch.linalg.vector_norm(x - p, dim=1).sum()
+    assert all(objective(z) <= objective(x[i]) for i in range(len(x)))
+    assert objective(z) <= objective(x.mean(0))
+
+
+# ---- properties ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", PERMUTATION_INVARIANT)
+@given(nf=n_f, d=dims, seed=seeds, perm_seed=seeds)
+def test_permutation_invariance(name, nf, d, seed, perm_seed):
+    n, f = nf
+    x = randn(seed, n, d)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(perm_seed))
+    rule = aggregator(name, f)
+    torch.testing.assert_close(rule(x[perm]), rule(x), rtol=1e-9, atol=1e-9)
+
+
+@given(nf=n_f, d=dims, seed=seeds, perm_seed=seeds)
+def test_nnm_is_permutation_equivariant(nf, d, seed, perm_seed):
+    n, f = nf
+    x = randn(seed, n, d)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(perm_seed))
+    torch.testing.assert_close(A.NNM(f)(x[perm]), A.NNM(f)(x)[perm], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ALL + ["nnm+median", "nnm+trmean", "bucketing+cc"])
+@given(nf=n_f, d=dims, seed=seeds, shift_seed=seeds)
+def test_translation_equivariance(name, nf, d, seed, shift_seed):
+    n, f = nf
+    x = randn(seed, n, d)
+    t = 10 * randn(shift_seed, 1, d)[0]
+    rule = A.build(name, f=f, s=1) if name.startswith("bucketing") else A.build(name, f=f)
+    torch.testing.assert_close(rule(x + t), rule(x) + t, rtol=1e-7, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", SCALE_EQUIVARIANT + ["nnm+median", "arc+trmean", "clipping+mean"])
+@given(nf=n_f, d=dims, seed=seeds, c=st.floats(1e-3, 1e3))
+def test_positive_scale_equivariance(name, nf, d, seed, c):
+    n, f = nf
+    x = randn(seed, n, d)
+    if name == "geomed":  # the smoothing floor nu is a distance: it scales too
+        torch.testing.assert_close(A.build(name, nu=c * 1e-6)(c * x), c * A.build(name, nu=1e-6)(x))
+        return
+    rule = A.build(name, f=f)
+    torch.testing.assert_close(rule(c * x), c * rule(x), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ALL + PIPELINES)
+@given(nf=n_f, d=dims, seed=seeds)
+def test_identity_on_identical_rows(name, nf, d, seed):
+    n, f = nf
+    row = randn(seed, 1, d)[0]
+    x = row.repeat(n, 1)
+    torch.testing.assert_close(A.build(name, f=f)(x), row, rtol=1e-12, atol=1e-12)
+
+
+@given(nf=n_f, d=dims, seed=seeds)
+def test_nnm_rows_are_convex_combinations(nf, d, seed):
+    n, f = nf
+    x = randn(seed, n, d)
+    dist = A.pairwise_sq_distances(x)
+    dist.fill_diagonal_(-1.0)
+    nearest = dist.topk(n - f, dim=1, largest=False).indices
+    out = A.NNM(f)(x)
+    for i in range(n):
+        # row i is the uniform convex combination of its n - f nearest rows, itself included
+        assert i in nearest[i].tolist()
+        torch.testing.assert_close(out[i], x[nearest[i]].mean(0), rtol=1e-9, atol=1e-9)
+        assert torch.all(out[i] <= x.max(0).values + 1e-12) and torch.all(out[i] >= x.min(0).values - 1e-12)
+
+
+@pytest.mark.parametrize("spec", PIPELINES)
+@given(nf=n_f, d=dims, seed=seeds)
+def test_pipeline_equals_manual_composition(spec, nf, d, seed):
+    n, f = nf
+    x = randn(seed, n, d)
+    manual, steps = x, A.build(spec, f=f)  # a separate copy: bucketing's shuffle has state
+    for step in steps.pre:
+        manual = step(manual)
+    torch.testing.assert_close(A.build(spec, f=f)(x), steps.agg(manual), rtol=0, atol=0)
+
+
+# ---- hostile input ---------------------------------------------------------------------
+
+BIG = float(np.float32(9.9e37))
+HOSTILE = st.sampled_from([float("nan"), float("inf"), -float("inf"), 1e38, -1e38])
+hostile_values = st.one_of(HOSTILE, st.floats(-BIG, BIG, width=32))
+
+
+@st.composite
+def attacked(draw, strict=False):
+    """(x, honest, f): float32 messages with up to f hostile rows in random places."""
+    f = draw(st.integers(1, 4))
+    n = draw(st.integers(2 * f + 3 if strict else 2 * f + 1, 2 * f + 8))
+    d = draw(st.integers(1, 6))
+    n_bad = draw(st.integers(0, f))
+    honest = draw(hnp.arrays(np.float32, (n - n_bad, d), elements=st.floats(-1e6, 1e6, width=32)))
+    bad = draw(hnp.arrays(np.float32, (n_bad, d), elements=hostile_values))
+    order = draw(st.permutations(range(n)))
+    x = torch.from_numpy(np.concatenate([honest, bad])[list(order)])
+    return x, torch.from_numpy(honest), f
+
+
+def assert_in_honest_range(out, honest):
+    lo, hi = honest.min(0).values, honest.max(0).values
+    slack = 1e-6 * torch.maximum(lo.abs(), hi.abs()) + 1e-30
+    assert torch.isfinite(out).all()
+    assert torch.all(out >= lo - slack) and torch.all(out <= hi + slack), (out, lo, hi)
+
+
+@pytest.mark.parametrize("name", ["median", "trmean"])
+@given(case=attacked())
+def test_coordinatewise_rules_stay_in_honest_range(name, case):
+    x, honest, f = case
+    assert_in_honest_range(A.build(name, f=f)(x), honest)
+
+
+@given(case=attacked())
+def test_bare_rules_survive_hostile_rows_too(case):
+    x, honest, f = case
+    assert_in_honest_range(A.CoordinateWiseMedian(f)(x), honest)
+    assert_in_honest_range(A.TrimmedMean(f)(x), honest)
+
+
+@pytest.mark.parametrize("name", [a for a in ROBUST] + PIPELINES)
+@given(case=attacked(strict=True))
+def test_robust_rules_stay_finite(name, case):
+    x, honest, f = case
+    out = A.build(name, f=f)(x)
+    assert out.dtype == x.dtype and torch.isfinite(out).all()
+
+
+@given(case=attacked())
+def test_rules_never_write_into_their_input(case):
+    x, _, f = case
+    before = x.clone()
+    for spec in ["median", "trmean", "nnm+median", "geomed", "cc", "meamed", "clipping+mean", "arc+trmean"]:
+        A.build(spec, f=f)(x)
+    assert torch.equal(torch.nan_to_num(x, nan=7.0), torch.nan_to_num(before, nan=7.0))
+
+
+def test_mean_alone_is_the_plain_average_and_propagates_nan():
+    x = torch.tensor([[1.0], [float("nan")]])
+    assert torch.isnan(A.Mean()(x)).all()
+    assert A.build("mean")(x).item() == 0.5  # a pipeline sanitizes: NaN -> 0
+
+
+def test_sanitize_replaces_non_finite_by_zero_and_copies():
+    x = torch.tensor([[float("nan"), float("inf"), -float("inf"), 2.0]])
+    out = A.sanitize(x)
+    assert out.tolist() == [[0.0, 0.0, 0.0, 2.0]] and out.data_ptr() != x.data_ptr()
+
+
+# ---- dtypes, devices, errors -----------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("spec", ALL + PIPELINES)
+def test_dtype_is_kept(dtype, spec):
+    x = randn(0, 11, 5, dtype=dtype)
+    out = A.build(spec, f=2)(x)
+    assert out.dtype == dtype and out.shape == (5,) and torch.isfinite(out).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("spec", ALL + PIPELINES)
+def test_cuda_matches_cpu(spec):
+    x = randn(1, 11, 300, dtype=torch.float32)
+    cpu = A.build(spec, f=2)(x)
+    gpu = A.build(spec, f=2)(x.cuda())
+    assert gpu.device.type == "cuda"
+    if not spec.startswith("bucketing"):  # CPU and CUDA generators draw different shuffles
+        torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec, f, n, message", [
+    ("trmean", 5, 10, "needs 2f < n"),
+    ("median", 5, 10, "needs f < n/2"),
+    ("nnm+median", 10, 10, "nnm: needs f < n"),
+    ("krum", 4, 10, r"needs n > 2f \+ 2"),
+    ("bucketing+median", 3, 9, r"median: needs f < n/2, got f=3, n=5"),
+    ("bogus", 1, 10, "unknown aggregator 'bogus'"),
+    ("median+nnm", 1, 10, "it is a pre-aggregator"),
+    ("foo+median", 1, 10, "unknown pre-aggregator 'foo'"),
+    ("", 1, 10, "non-empty string"),
+])
+def test_impossible_settings_are_clear_errors(spec, f, n, message):
+    with pytest.raises(ValueError, match=message):
+        A.build(spec, f=f, n=n)
+
+
+def test_errors_at_call_time_and_for_parameters():
+    with pytest.raises(ValueError, match="needs 2f < n"):
+        A.build("trmean", f=3)(torch.randn(6, 2))
+    with pytest.raises(ValueError, match="shape \\(n, d\\)"):
+        A.build("median")(torch.randn(6))
+    with pytest.raises(ValueError, match="floating-point"):
+        A.build("median")(torch.ones(6, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="f \\(number of Byzantine messages\\) must be an integer >= 0"):
+        A.build("trmean", f=-1)
+    with pytest.raises(ValueError, match="not taken by any step.*allowed: generator, s, seed"):
+        A.build("bucketing+median", f=1, tau=2.0)
+    assert A.build("bucketing+cc", f=1, s=3, tau=2.0).agg.tau == 2.0
+
+
+def test_bucketing_is_reproducible_from_its_seed():
+    x = randn(0, 10, 3)
+    assert torch.equal(A.Bucketing(2, seed=5)(x), A.Bucketing(2, seed=5)(x))
+    assert not torch.equal(A.Bucketing(2, seed=5)(x), A.Bucketing(2, seed=6)(x))
+
+
+def test_distances_of_huge_rows_overflow_to_inf_not_nan():
+    x = torch.tensor([[1e38, 1e38], [0.0, 1.0], [0.0, 2.0]])
+    d = A.pairwise_sq_distances(x)
+    assert torch.isinf(d[0, 1:]).all() and d[1, 2] == 1.0 and not torch.isnan(d).any()

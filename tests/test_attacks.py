@@ -1,0 +1,151 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from scipy.stats import norm
+
+import aggregators
+import attacks
+
+h_f = st.tuples(st.integers(1, 12), st.integers(0, 6))
+seeds = st.integers(0, 2**31 - 1)
+
+
+def honest_messages(seed, h, d=5, dtype=torch.float64):
+    return torch.randn(h, d, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def all_attacks():
+    pipeline = aggregators.build("nnm+median", f=2)
+    return [attacks.build(name, pipeline=pipeline) if name.startswith("opt-") else attacks.build(name)
+            for name in attacks.ATTACKS]
+
+
+@pytest.mark.parametrize("attack", all_attacks(), ids=repr)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_shape_device_dtype_and_no_input_mutation(attack, dtype):
+    honest = honest_messages(0, 8, dtype=dtype)
+    before = honest.clone()
+    out = attack(honest, 2)
+    assert out.shape == (2, 5) and out.dtype == dtype and out.device == honest.device
+    assert torch.equal(honest, before)
+    assert attack(honest, 0).shape == (0, 5)
+
+
+@given(hf=h_f, seed=seeds)
+def test_closed_form_attacks(hf, seed):
+    h, f = hf
+    x = honest_messages(seed, h)
+    mean = x.numpy().mean(0)
+    for out, want in [
+        (attacks.SignFlipping()(x, f), -mean),
+        (attacks.FallOfEmpires()(x, f), -0.1 * mean),
+        (attacks.FallOfEmpires(eps=3.0)(x, f), -3.0 * mean),
+        (attacks.Scaling(1e-6)(x, f), 1e-6 * mean),
+        (attacks.ALittleIsEnough(z=1.5)(x, f), mean - 1.5 * x.numpy().std(0, ddof=1 if h > 1 else 0)),
+        (attacks.Mimic(target=h - 1)(x, f), x.numpy()[h - 1]),
+    ]:
+        assert out.shape == (f, 5)
+        np.testing.assert_allclose(out.numpy(), np.broadcast_to(want, (f, 5)), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("n, f", [(10, 3), (25, 5), (50, 10), (50, 24), (7, 1)])
+def test_alie_z_is_baruch_et_al(n, f):
+    s = math.floor(n / 2 + 1) - f
+    assert attacks.alie_z(n, f) == pytest.approx(norm.ppf((n - s) / n), rel=1e-12)
+
+
+def test_alie_default_z_uses_n_equal_h_plus_f():
+    x = honest_messages(1, 7)
+    z = attacks.alie_z(10, 3)
+    torch.testing.assert_close(attacks.ALittleIsEnough()(x, 3)[0], x.mean(0) - z * x.std(0))
+
+
+def test_alie_z_undefined_is_a_clear_error():
+    with pytest.raises(ValueError, match="undefined for n=10, f=6.*pass z explicitly"):
+        attacks.ALittleIsEnough()(honest_messages(0, 4), 6)
+
+
+def test_hostile_value_attacks():
+    x = honest_messages(0, 4)
+    assert torch.isnan(attacks.NaNAttack()(x, 3)).all()
+    assert (attacks.InfAttack()(x, 3) == float("inf")).all()
+    assert (attacks.InfAttack(sign=-1)(x, 3) == -float("inf")).all()
+
+
+def test_gaussian_is_reproducible_from_seed_and_has_its_moments():
+    x = honest_messages(0, 4, d=20000)
+    a, b = attacks.Gaussian(sigma=200.0, seed=3)(x, 2), attacks.Gaussian(sigma=200.0, seed=3)(x, 2)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, attacks.Gaussian(sigma=200.0, seed=4)(x, 2))
+    assert abs(a.mean().item()) < 5 and abs(a.std().item() - 200) < 5
+    g = torch.Generator().manual_seed(9)
+    first = attacks.Gaussian(generator=g)(x, 1)
+    assert not torch.equal(first, attacks.Gaussian(generator=g)(x, 1))  # shared generator advances
+
+
+@given(seed=seeds)
+def test_optimal_foe_is_at_least_as_harmful_as_every_grid_factor(seed):
+    pipeline = aggregators.build("trmean", f=3)
+    x = honest_messages(seed, 7, d=4)
+    attack = attacks.OptimalFOE(pipeline, low=0.0, high=10.0, steps=11)
+    damage = lambda byz: torch.linalg.vector_norm(pipeline(torch.cat([x, byz])) - x.mean(0))
+    best = damage(attack(x, 3))
+    for eps in np.linspace(0, 10, 11):
+        assert best >= damage(attacks.FallOfEmpires(eps=float(eps))(x, 3)) - 1e-12
+    assert 0.0 <= attack.last_factor.item() <= 10.0
+
+
+@given(seed=seeds)
+def test_optimal_alie_is_at_least_as_harmful_as_every_grid_factor(seed):
+    pipeline = aggregators.build("nnm+median", f=3)
+    x = honest_messages(seed, 7, d=4)
+    attack = attacks.OptimalALIE(pipeline, low=0.0, high=4.0, steps=9)
+    damage = lambda byz: torch.linalg.vector_norm(pipeline(torch.cat([x, byz])) - x.mean(0))
+    best = damage(attack(x, 3))
+    for z in np.linspace(0, 4, 9):
+        assert best >= damage(attacks.ALittleIsEnough(z=float(z))(x, 3)) - 1e-12
+
+
+def test_optimal_attack_beats_fixed_one_against_mean():
+    # Against a plain mean the damage grows with eps: the search must pick the largest.
+    x = honest_messages(0, 7) + 1.0
+    attack = attacks.OptimalFOE(aggregators.build("mean"), low=0.0, high=5.0, steps=6)
+    attack(x, 3)
+    assert attack.last_factor.item() == 5.0
+
+
+def test_build_errors_are_clear():
+    assert attacks.build("none") is None
+    with pytest.raises(ValueError, match="unknown attack 'bogus'; allowed: none, sf, foe, alie"):
+        attacks.build("bogus")
+    with pytest.raises(ValueError, match="'foe' does not take sigma; allowed: eps"):
+        attacks.build("foe", sigma=1.0)
+    with pytest.raises(ValueError, match="needs pipeline="):
+        attacks.build("opt-foe")
+    with pytest.raises(ValueError, match="'sf' does not take eps; allowed: no parameters"):
+        attacks.build("sf", eps=1.0)
+    with pytest.raises(ValueError, match="must be an integer >= 0"):
+        attacks.build("sf")(honest_messages(0, 3), -1)
+    with pytest.raises(ValueError, match="floating \\(h, d\\) tensor"):
+        attacks.build("sf")(torch.ones(3), 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("attack", all_attacks(), ids=repr)
+def test_cuda_output_stays_on_cuda(attack):
+    out = attack(honest_messages(0, 8, dtype=torch.float32).cuda(), 2)
+    assert out.device.type == "cuda" and out.shape == (2, 5)
+
+
+def test_packages_do_not_import_robustbn():
+    import pathlib
+    import re
+
+    root = pathlib.Path(aggregators.__file__).parent.parent
+    for package in ("aggregators", "attacks"):
+        for path in (root / package).glob("*.py"):
+            assert not re.search(r"^\s*(from|import)\s+robustbn", path.read_text(), re.M), path
