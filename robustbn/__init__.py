@@ -7,3 +7,8 @@ try:
     __version__ = version("robustbn")
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0+unknown"
+
+from .runner import Result, run  # noqa: E402
+from .scenario import Scenario, ScenarioError  # noqa: E402
+
+__all__ = ["Result", "Scenario", "ScenarioError", "run", "__version__"]

@@ -1,0 +1,219 @@
+"""Datasets as device tensors, and partitions of the training set among honest clients.
+
+Sampling a mini-batch is index arithmetic on the device (no DataLoader in the round).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DATASETS = ("fashion-mnist", "mnist", "cifar10", "synthetic-images")
+PARTITIONS = ("iid", "gamma", "dirichlet")
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "robustbn"
+
+# channel mean and std of each training set (inputs are standardized with them)
+STATS = {
+    "fashion-mnist": ((0.2860,), (0.3530,)),
+    "mnist": ((0.1307,), (0.3081,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+}
+MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+class DataError(RuntimeError):
+    """A dataset cannot be found or read; the message says where it looked and what to do."""
+
+
+@dataclass
+class Dataset:
+    name: str
+    x_train: torch.Tensor  # (N, C, H, W) float, standardized
+    y_train: torch.Tensor  # (N,) int64
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+
+    @property
+    def in_channels(self) -> int:
+        return self.x_train.shape[1]
+
+    @property
+    def image_size(self) -> int:
+        return self.x_train.shape[-1]
+
+
+def _standardize(x_uint8: torch.Tensor, name: str) -> torch.Tensor:
+    mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in STATS[name])
+    return (x_uint8.float() / 255.0 - mean) / std
+
+
+def _candidate_dirs(data_dir: str | os.PathLike | None) -> list[Path]:
+    dirs = [Path(data_dir)] if data_dir else []
+    if os.environ.get("ROBUSTBN_DATA"):
+        dirs.append(Path(os.environ["ROBUSTBN_DATA"]))
+    return dirs
+
+
+def _mnist_like_root(folder: str, search: list[Path]) -> Path | None:
+    """A torchvision root (ROOT/<folder>/raw/<files>) holding the four idx files, made from
+    the first searched directory that has them (gzipped or not, flat or torchvision-style)."""
+    for d in search:
+        for raw in (d, d / folder / "raw"):
+            if all((raw / f).exists() for f in MNIST_FILES):
+                return raw.parent.parent if raw.name == "raw" else _mirror(raw, folder, gz=False)
+            if all((raw / f"{f}.gz").exists() for f in MNIST_FILES):
+                return _mirror(raw, folder, gz=True)
+    return None
+
+
+def _mirror(src: Path, folder: str, gz: bool) -> Path:
+    """Uncompressed copies in the cache, laid out as torchvision's loader expects."""
+    raw = CACHE / "torchvision" / folder / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for f in MNIST_FILES:
+        if not (raw / f).exists():
+            tmp = raw / f"{f}.tmp"
+            with (gzip.open(src / f"{f}.gz") if gz else open(src / f, "rb")) as fin, open(tmp, "wb") as fout:
+                shutil.copyfileobj(fin, fout)
+            tmp.rename(raw / f)
+    return raw.parent.parent
+
+
+def _load_torchvision(name: str, data_dir) -> tuple[torch.Tensor, ...]:
+    import torchvision
+
+    cls = {"fashion-mnist": torchvision.datasets.FashionMNIST, "mnist": torchvision.datasets.MNIST,
+           "cifar10": torchvision.datasets.CIFAR10}[name]
+    search = _candidate_dirs(data_dir) + ([DEBIAN_FASHION_MNIST] if name == "fashion-mnist" else [])
+    root = None
+    if name != "cifar10":
+        root = _mnist_like_root(cls.__name__, search)
+    if root is None:
+        root = search[0] if search else CACHE / "torchvision"
+        try:
+            train, test = cls(root, train=True, download=True), cls(root, train=False, download=True)
+        except Exception as e:  # offline, or a broken file
+            looked = ", ".join(str(p) for p in (search or [root]))
+            hint = " or `apt-get install dataset-fashion-mnist`" if name == "fashion-mnist" else ""
+            raise DataError(f"dataset {name!r}: not found in {looked}, and the download into {root} failed "
+                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}). "
+                            f"Put the torchvision files there, or point --data-dir / $ROBUSTBN_DATA at "
+                            f"a directory holding them{hint}.") from None
+    else:
+        train, test = cls(root, train=True, download=False), cls(root, train=False, download=False)
+    def tensors(ds):
+        x = torch.as_tensor(np.asarray(ds.data))
+        x = x.permute(0, 3, 1, 2) if x.dim() == 4 else x.unsqueeze(1)
+        return _standardize(x, name), torch.as_tensor(np.asarray(ds.targets), dtype=torch.int64)
+    return (*tensors(train), *tensors(test))
+
+
+def synthetic_images(n_train: int = 2000, n_test: int = 500, num_classes: int = 10, size: int = 16,
+                     channels: int = 1, noise: float = 1.0, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Small learnable image data for fast tests: each class a fixed random smooth template,
+    each image its class's template plus Gaussian noise."""
+    g = torch.Generator().manual_seed(seed)
+    coarse = torch.randn(num_classes, channels, size // 4, size // 4, generator=g)
+    templates = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
+    def draw(n):
+        y = torch.randint(0, num_classes, (n,), generator=g)
+        return templates[y] + noise * torch.randn(n, channels, size, size, generator=g), y
+    return (*draw(n_train), *draw(n_test))
+
+
+def load_dataset(name: str, data_dir=None, device: str | torch.device = "cpu") -> Dataset:
+    if name == "synthetic-images":
+        parts, classes = synthetic_images(), 10
+    elif name in STATS:
+        parts, classes = _load_torchvision(name, data_dir), 10
+    else:
+        raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {name!r}")
+    return Dataset(name, *(t.to(device) for t in parts), num_classes=classes)
+
+
+# ---- partitions ----------------------------------------------------------------------------
+
+def partition(labels: np.ndarray, clients: int, kind: str = "iid", gamma: float = 0.0, alpha: float = 0.5,
+              seed: int = 0) -> list[np.ndarray]:
+    """Disjoint index arrays, one per honest client, reproducible from `seed`.
+
+    iid: a shuffle cut in equal parts. gamma (seed 002): a gamma fraction of the data is shared
+    iid, the rest is sorted by label and cut into consecutive chunks; clients are equal-sized
+    (the remainder is dropped); gamma = 0 is the extreme non-iid case. dirichlet (Hsu et al.
+    2019): each class is split among clients by proportions drawn from Dir(alpha), redrawn
+    until every client holds at least 2 examples.
+    """
+    rng = np.random.default_rng(seed)
+    labels = np.asarray(labels)
+    n = len(labels)
+    if kind == "iid":
+        per = n // clients
+        return list(rng.permutation(n)[: per * clients].reshape(clients, per))
+    if kind == "gamma":
+        perm = rng.permutation(n)
+        per = n // clients
+        shared_per = int(round(gamma * per))
+        shared = perm[: shared_per * clients].reshape(clients, shared_per)
+        rest = perm[shared_per * clients :]
+        rest = rest[np.argsort(labels[rest], kind="stable")][: (per - shared_per) * clients]
+        sorted_chunks = rest.reshape(clients, per - shared_per)
+        return [np.concatenate([shared[i], sorted_chunks[i]]) for i in range(clients)]
+    if kind == "dirichlet":
+        classes = np.unique(labels)
+        for _ in range(1000):
+            parts = [[] for _ in range(clients)]
+            for c in classes:
+                idx = rng.permutation(np.flatnonzero(labels == c))
+                cuts = (np.cumsum(rng.dirichlet(np.full(clients, alpha)))[:-1] * len(idx)).astype(int)
+                for i, chunk in enumerate(np.split(idx, cuts)):
+                    parts[i].append(chunk)
+            out = [np.concatenate(p) for p in parts]
+            if min(map(len, out)) >= 2:
+                return out
+        raise ValueError(f"dirichlet partition: alpha={alpha} leaves some of {clients} clients nearly empty "
+                         f"after 1000 draws; use a larger alpha or fewer clients")
+    raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}, got {kind!r}")
+
+
+def label_histograms(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """(clients, classes) counts: the summary of a partition."""
+    return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
+
+
+def client_test_splits(parts, train_labels, test_labels, num_classes: int, seed: int = 0) -> np.ndarray:
+    """(clients, m) test indices, each client's drawn without replacement with probability
+    proportional to its training label distribution (FedBN's personalized evaluation)."""
+    rng = np.random.default_rng(seed + 1)
+    test_labels = np.asarray(test_labels)
+    m = len(test_labels) // len(parts)
+    test_counts = np.bincount(test_labels, minlength=num_classes).clip(min=1)
+    splits = []
+    for hist in label_histograms(parts, np.asarray(train_labels), num_classes):
+        weight = (hist / hist.sum() / test_counts)[test_labels]
+        splits.append(rng.choice(len(test_labels), size=m, replace=False, p=weight / weight.sum()))
+    return np.stack(splits)
+
+
+def index_table(parts: list[np.ndarray], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded (clients, max_len) index table and lengths, for sampling on the device."""
+    lengths = torch.tensor([len(p) for p in parts])
+    table = torch.zeros(len(parts), int(lengths.max()), dtype=torch.int64)
+    for i, p in enumerate(parts):
+        table[i, : len(p)] = torch.as_tensor(p)
+    return table.to(device), lengths.to(device)
+
+
+def sample_batches(table: torch.Tensor, lengths: torch.Tensor, batch: int, generator: torch.Generator) -> torch.Tensor:
+    """(clients, batch) dataset indices, each drawn uniformly from its client's data (with
+    replacement), entirely on the device."""
+    u = torch.rand(table.shape[0], batch, generator=generator, device=table.device)
+    pos = (u * lengths[:, None]).long().clamp_max_(lengths[:, None] - 1)
+    return table.gather(1, pos)

@@ -1,0 +1,355 @@
+"""The federated round: honest clients computed together, three message channels (grad,
+bn_mean, bn_var), each attacked and robustly aggregated on its own.
+
+`Federation` holds the server state (weights theta, shared BN statistics), the honest
+clients' state (worker momentum, client-local parameters and statistics) and runs DSGD or
+FedAvg rounds. Honest clients are computed with one `torch.func.vmap` over
+`functional_call` + `grad(..., has_aux=True)` (`vectorized=True`), or, as the reference
+that tests compare against, with a plain Python loop over clients (`vectorized=False`).
+No host synchronization happens inside a round.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
+
+import aggregators
+import attacks
+
+from .data import Dataset, client_test_splits, index_table, sample_batches
+from .models import build_model
+from .norm import (
+    FedBatchNorm,
+    client_running_stats,
+    collect_batch_stats,
+    keep_finite,
+    norm_layers,
+    server_stats,
+    set_phase,
+)
+from .scenario import Scenario
+
+
+def _flat(tensors: dict[str, torch.Tensor], lead: int) -> torch.Tensor:
+    """Concatenate tensors with `lead` leading batch dims into (..., d)."""
+    return torch.cat([t.reshape(*t.shape[:lead], -1) for t in tensors.values()], dim=-1)
+
+
+def _unflat(vec: torch.Tensor, like: dict[str, torch.Tensor], lead: int) -> dict[str, torch.Tensor]:
+    out, start = {}, 0
+    for k, t in like.items():
+        size = math.prod(t.shape[lead:])
+        out[k] = vec[..., start : start + size].reshape(*vec.shape[:-1], *t.shape[lead:])
+        start += size
+    return out
+
+
+class Channel:
+    """One message channel: its attack and its robust pipeline."""
+
+    def __init__(self, attack: str, attack_params: dict, spec: str, agg_params: dict, f: int, seed: int):
+        params = dict(agg_params)
+        if "bucketing" in spec.split("+"):
+            params.setdefault("seed", seed)
+        self.pipeline = aggregators.build(spec, f=f, **params)
+        params = dict(attack_params)
+        if attack.startswith("opt-"):
+            params["pipeline"] = self.pipeline
+        if attack == "gaussian":
+            params.setdefault("seed", seed)
+        self.attack = attacks.build(attack, **params)
+        self.f = f
+
+    def messages(self, honest: torch.Tensor) -> torch.Tensor:
+        """The n messages the server receives: honest first, then the Byzantine ones."""
+        if self.f == 0:
+            return honest
+        byzantine = self.attack(honest, self.f) if self.attack is not None else honest[: self.f]
+        return torch.cat([honest, byzantine.to(honest.dtype)])
+
+    def aggregate(self, honest: torch.Tensor) -> torch.Tensor:
+        return self.pipeline(self.messages(honest))
+
+
+class Federation:
+    def __init__(self, sc: Scenario, data: Dataset, parts: list[np.ndarray], vectorized: bool = True):
+        self.sc, self.data, self.vectorized = sc, data, vectorized
+        self.device = torch.device(sc.device)
+        self.mode = sc.norm
+        self.central = sc.norm == "central"
+        self.h = 1 if self.central else sc.honest  # clients that compute
+        self.t = 0
+        torch.manual_seed(sc.seed)  # dropout draws from the global generator (under vmap too)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(sc.seed)
+            model = build_model(sc.model, sc.norm, data.in_channels, data.image_size, data.num_classes,
+                                sc.gn_groups, sc.dropout)
+        self.model = model.to(self.device)
+        named = norm_layers(self.model)
+        self.layers: list[FedBatchNorm] = [m for _, m in named]
+        self.layer_names = [name for name, _ in named]
+        self.channels_per_layer = [m.weight.shape[0] for m in self.layers]
+
+        params = {k: v.detach() for k, v in self.model.named_parameters()}
+        if self.mode == "fedbn":
+            is_local = lambda k: any(k in (f"{l}.weight", f"{l}.bias") for l in self.layer_names)
+        else:
+            is_local = lambda k: k.endswith(".alpha")
+        self.theta = {k: v.clone() for k, v in params.items() if not is_local(k)}
+        self.local = {k: v.unsqueeze(0).repeat(self.h, *[1] * v.dim()) for k, v in params.items() if is_local(k)}
+
+        # data: padded index tables of the honest clients, sampled on the device
+        self.table, self.lengths = index_table(parts, self.device)
+        self.gen = torch.Generator(device=self.device).manual_seed(sc.seed)
+        if self.mode == "fedbn":
+            splits = client_test_splits(parts, data.y_train.cpu().numpy(), data.y_test.cpu().numpy(),
+                                        data.num_classes, sc.seed)
+            self.test_splits = torch.as_tensor(splits, device=self.device)
+
+        # shared statistics (and fedbn's client-local ones), flat over all BN layers
+        c = sum(self.channels_per_layer)
+        self.shared_mean = torch.zeros(c, device=self.device)
+        self.shared_var = torch.ones(c, device=self.device)
+        if self.mode == "fedbn":
+            self.local_mean = torch.zeros(self.h, c, device=self.device)
+            self.local_var = torch.ones(self.h, c, device=self.device)
+        self.count = self._values_per_channel()
+
+        self.grad_channel = Channel(sc.grad_attack, sc.grad_attack_params, sc.grad_agg, sc.grad_agg_params, sc.f, sc.seed)
+        self.mean_channel = Channel(sc.bn_attack, sc.bn_attack_params, sc.bn_agg, sc.bn_agg_params, sc.f, sc.seed + 1)
+        self.var_channel = Channel(sc.bn_attack, sc.bn_attack_params, sc.bn_agg, sc.bn_agg_params, sc.f, sc.seed + 2)
+        self.momentum_buf: torch.Tensor | None = None
+        self.local_momentum: dict[str, torch.Tensor] = {k: torch.zeros_like(v) for k, v in self.local.items()}
+        self.train_loss_sum = torch.zeros((), device=self.device)
+        self.train_loss_rounds = 0
+
+    # ---- building blocks -------------------------------------------------------------------
+
+    def _values_per_channel(self) -> torch.Tensor:
+        """K per channel (batch x H x W of one client's batch), measured by one dry forward."""
+        if not self.layers:
+            return torch.zeros(0, device=self.device)
+        batch = self.sc.batch_size * (self.sc.honest if self.central else 1)
+        set_phase(self.model, "train")
+        with torch.no_grad():
+            self.model(torch.zeros(batch, *self.data.x_train.shape[1:], device=self.device))
+        for l in self.layers:
+            l.batch_stats = None
+        return torch.cat([torch.full((c,), float(l.count), device=self.device)
+                          for c, l in zip(self.channels_per_layer, self.layers)])
+
+    def _buffers(self, mean: torch.Tensor, var: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Running-statistics buffers from flat (..., C) statistics."""
+        out = {}
+        for name, m, v in zip(self.layer_names, mean.split(self.channels_per_layer, -1),
+                              var.split(self.channels_per_layer, -1)):
+            out[f"{name}.running_mean"], out[f"{name}.running_var"] = m, v
+        return out
+
+    def _forward_loss(self, theta, local, buffers, x, y):
+        out = functional_call(self.model, {**theta, **local, **buffers}, (x,))
+        loss = F.cross_entropy(out, y)
+        if self.layers and self.layers[0].phase == "train":
+            return loss, (loss.detach(), *collect_batch_stats(self.layers))
+        return loss, (loss.detach(),)
+
+    def _client_grads(self, theta, local, buffers, x, y, theta_batched: bool, buffers_batched: bool):
+        """Per-client gradients of the global and local parameters, and the aux outputs."""
+        if self.vectorized:
+            fn = grad(self._forward_loss, argnums=(0, 1), has_aux=True)
+            in_dims = (0 if theta_batched else None, 0, 0 if buffers_batched else None, 0, 0)
+            return vmap(fn, in_dims=in_dims, randomness="different")(theta, local, buffers, x, y)
+        results = []
+        for i in range(x.shape[0]):
+            th = {k: (v[i] if theta_batched else v).detach().requires_grad_() for k, v in theta.items()}
+            lo = {k: v[i].detach().requires_grad_() for k, v in local.items()}
+            bu = {k: v[i] if buffers_batched else v for k, v in buffers.items()}
+            loss, aux = self._forward_loss(th, lo, bu, x[i], y[i])
+            g = torch.autograd.grad(loss, list(th.values()) + list(lo.values()), allow_unused=True)
+            g = [torch.zeros_like(p) if gi is None else gi for gi, p in zip(g, list(th.values()) + list(lo.values()))]
+            results.append((dict(zip(th, g[: len(th)])), dict(zip(lo, g[len(th):])), aux))
+        stack = lambda dicts: {k: torch.stack([d[k] for d in dicts]) for k in dicts[0]} if dicts[0] else {}
+        grads_theta, grads_local = stack([r[0] for r in results]), stack([r[1] for r in results])
+        aux = tuple(torch.stack([r[2][j] for r in results]) for j in range(len(results[0][2])))
+        return (grads_theta, grads_local), aux
+
+    def _measure(self, theta, local, buffers, x, theta_batched: bool):
+        """HBN: per-client statistics of the data under the current weights, forward only."""
+        def stats(th, lo, bu, xb):
+            functional_call(self.model, {**th, **lo, **bu}, (xb,))
+            return collect_batch_stats(self.layers)
+        with torch.no_grad():
+            if self.vectorized:
+                return vmap(stats, in_dims=(0 if theta_batched else None, 0, None, 0), randomness="different")(
+                    theta, local, buffers, x)
+            out = [stats({k: (v[i] if theta_batched else v) for k, v in theta.items()},
+                         {k: v[i] for k, v in local.items()}, buffers, x[i]) for i in range(x.shape[0])]
+            return torch.stack([o[0] for o in out]), torch.stack([o[1] for o in out])
+
+    def _sample(self, clients: torch.Tensor | None = None):
+        table, lengths = (self.table, self.lengths) if clients is None else (self.table[clients], self.lengths[clients])
+        idx = sample_batches(table, lengths, self.sc.batch_size, self.gen)
+        if self.central:  # one client holding the union of the honest mini-batches
+            idx = idx.reshape(1, -1)
+        return self.data.x_train[idx], self.data.y_train[idx]
+
+    @property
+    def frozen(self) -> bool:
+        return self.mode == "fixbn" and self.t >= self.sc.switch_round
+
+    @property
+    def sends_stats(self) -> bool:
+        return self.mode in ("naive", "fbn", "fixbn", "hbn", "central") and not self.frozen
+
+    def _server_stats(self, msg_mean: torch.Tensor, msg_var: torch.Tensor) -> None:
+        """Attack and aggregate the two BN channels, then update the shared statistics."""
+        if self.central:
+            self.shared_mean, self.shared_var = msg_mean[0], msg_var[0]
+            return
+        self.shared_mean, self.shared_var = server_stats(
+            self.mode, self.shared_mean, self.shared_var,
+            self.mean_channel.messages(msg_mean), self.var_channel.messages(msg_var),
+            self.count, self.sc.n, self.sc.bn_momentum,
+            self.mean_channel.pipeline, self.var_channel.pipeline, self.sc.hbn_lambda)
+
+    def _apply_local(self, grads_local, lr, clients=None):
+        """Client-local parameters (fedbn's BN affine, hbn's alpha) take their own SGD step."""
+        wd, mom = self.sc.weight_decay, self.sc.momentum
+        for k, g in grads_local.items():
+            p = self.local[k] if clients is None else self.local[k][clients]
+            g = g + wd * p
+            buf = mom * self.local_momentum[k] + (1 - mom) * g if clients is None else g
+            if clients is None:
+                self.local_momentum[k] = buf
+                self.local[k] = p - lr * buf
+            else:
+                self.local[k][clients] = p - lr * buf
+
+    # ---- rounds ----------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One federated round."""
+        self.t += 1
+        set_phase(self.model, "frozen" if self.frozen else "train")
+        if self.sc.algorithm == "dsgd":
+            self._dsgd_round()
+        else:
+            self._fedavg_round()
+        self.train_loss_rounds += 1
+
+    def _dsgd_round(self) -> None:
+        sc, lr = self.sc, self.sc.lr_at(self.t)
+        x, y = self._sample()
+        fedbn = self.mode == "fedbn"
+        buffers = self._buffers(self.local_mean, self.local_var) if fedbn else self._buffers(self.shared_mean, self.shared_var)
+        if self.mode == "hbn":
+            measured = self._measure(self.theta, self.local, buffers, x, theta_batched=False)
+        (g_theta, g_local), aux = self._client_grads(self.theta, self.local, buffers, x, y,
+                                                     theta_batched=False, buffers_batched=fedbn)
+        self.train_loss_sum += aux[0].mean()
+
+        g = _flat(g_theta, 1) + sc.weight_decay * _flat(self.theta, 0)
+        if sc.momentum > 0:  # worker momentum, m_0 = 0
+            prev = torch.zeros_like(g) if self.momentum_buf is None else self.momentum_buf
+            self.momentum_buf = sc.momentum * prev + (1 - sc.momentum) * g
+            g = self.momentum_buf
+        update = self.grad_channel.aggregate(g)
+        update = torch.nan_to_num(update, nan=0.0, posinf=0.0, neginf=0.0)
+        flat_theta = _flat(self.theta, 0) - lr * update
+        self.theta = _unflat(flat_theta, self.theta, 0)
+        self._apply_local(g_local, lr)
+
+        if self.mode == "hbn":
+            self._server_stats(*measured)
+        elif fedbn and len(aux) == 3:
+            self.local_mean, self.local_var = client_running_stats(
+                "fedbn", self.local_mean, self.local_var, aux[1], aux[2], self.count, sc.n, sc.bn_momentum)
+        elif self.sends_stats and len(aux) == 3:
+            mean, var = client_running_stats(self.mode, self.shared_mean, self.shared_var, aux[1], aux[2],
+                                             self.count, sc.n, sc.bn_momentum)
+            self._server_stats(mean, var)
+
+    def _fedavg_round(self) -> None:
+        sc, lr = self.sc, self.sc.lr_at(self.t)
+        m = max(1, round(sc.participation * self.h))
+        clients = None if m == self.h else torch.randperm(self.h, generator=self.gen, device=self.device)[:m]
+        pick = (lambda v: v) if clients is None else (lambda v: v[clients])
+        fedbn = self.mode == "fedbn"
+        theta = {k: v.unsqueeze(0).repeat(m, *[1] * v.dim()) for k, v in self.theta.items()}
+        local = {k: pick(v) for k, v in self.local.items()}
+        if fedbn:
+            run_mean, run_var = pick(self.local_mean), pick(self.local_var)
+        else:
+            run_mean = self.shared_mean.expand(m, -1)
+            run_var = self.shared_var.expand(m, -1)
+        shared_buffers = self._buffers(self.shared_mean, self.shared_var)
+        if self.mode == "hbn":
+            x0, _ = self._sample(clients)
+            measured = self._measure(theta, local, shared_buffers, x0, theta_batched=True)
+        velocity = {k: torch.zeros_like(v) for k, v in {**theta, **local}.items()}
+        for _ in range(sc.local_steps):
+            x, y = self._sample(clients)
+            buffers = self._buffers(run_mean, run_var) if fedbn else shared_buffers
+            (g_theta, g_local), aux = self._client_grads(theta, local, buffers, x, y,
+                                                         theta_batched=True, buffers_batched=fedbn)
+            self.train_loss_sum += aux[0].mean() / sc.local_steps
+            for params, grads in ((theta, g_theta), (local, g_local)):
+                for k, g in grads.items():
+                    velocity[k] = sc.momentum * velocity[k] + g + sc.weight_decay * params[k]
+                    params[k] = params[k] - lr * velocity[k]
+            if len(aux) == 3 and (fedbn or self.sends_stats):
+                run_mean, run_var = client_running_stats(self.mode, run_mean, run_var, aux[1], aux[2],
+                                                         self.count, sc.n, sc.bn_momentum)
+        deltas = _flat(theta, 1) - _flat(self.theta, 0)
+        update = torch.nan_to_num(self.grad_channel.aggregate(deltas), nan=0.0, posinf=0.0, neginf=0.0)
+        self.theta = _unflat(_flat(self.theta, 0) + update, self.theta, 0)
+        for k, v in local.items():
+            if clients is None:
+                self.local[k] = v
+            else:
+                self.local[k][clients] = v
+        if fedbn:
+            if clients is None:
+                self.local_mean, self.local_var = run_mean, run_var
+            else:
+                self.local_mean[clients], self.local_var[clients] = run_mean, run_var
+        elif self.mode == "hbn":
+            self._server_stats(*measured)
+        elif self.sends_stats:
+            self._server_stats(run_mean, run_var)
+
+    # ---- evaluation ------------------------------------------------------------------------
+
+    def evaluate(self, batch: int = 2000) -> tuple[torch.Tensor, torch.Tensor]:
+        """(test accuracy, test loss) of the global model in evaluation mode, as device
+        tensors; FedBN: the mean over clients of each client's model on its own test split."""
+        set_phase(self.model, "eval")
+        d = self.data
+        with torch.no_grad():
+            if self.mode == "fedbn":
+                def client_eval(lo, bu, idx):
+                    out = functional_call(self.model, {**self.theta, **lo, **bu}, (d.x_test[idx],))
+                    return (out.argmax(1) == d.y_test[idx]).float().mean(), F.cross_entropy(out, d.y_test[idx])
+                acc, loss = vmap(client_eval)(self.local, self._buffers(self.local_mean, self.local_var), self.test_splits)
+                return acc.mean(), loss.mean()
+            params = {**self.theta, **{k: v[0] for k, v in self.local.items()},
+                      **self._buffers(self.shared_mean, self.shared_var)}
+            correct = torch.zeros((), device=self.device)
+            total_loss = torch.zeros((), device=self.device)
+            for start in range(0, len(d.y_test), batch):
+                x, y = d.x_test[start : start + batch], d.y_test[start : start + batch]
+                out = functional_call(self.model, params, (x,))
+                correct += (out.argmax(1) == y).sum()
+                total_loss += F.cross_entropy(out, y, reduction="sum")
+            return correct / len(d.y_test), total_loss / len(d.y_test)
+
+    def pop_train_loss(self) -> torch.Tensor:
+        loss = self.train_loss_sum / max(1, self.train_loss_rounds)
+        self.train_loss_sum = torch.zeros((), device=self.device)
+        self.train_loss_rounds = 0
+        return loss

@@ -1,0 +1,104 @@
+"""Models of the papers, each with a `norm` switch (a mode of `robustbn.norm.MODES`)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .norm import make_norm
+
+MODELS = ("cnn", "simple-cnn", "resnet20")
+
+
+class TableOneCNN(nn.Module):
+    """Seed 002, Table 1: four 3x3 convolutions (64, 64, 128, 128), each followed by ReLU then
+    the norm layer, max-pooling and dropout 0.25 after the second and fourth, then
+    Linear(., 128), ReLU, Linear(128, classes). Sized from the input's channels and side."""
+
+    def __init__(self, norm: str, in_channels: int = 3, image_size: int = 32, num_classes: int = 10,
+                 gn_groups: int = 2, dropout: float = 0.25):
+        super().__init__()
+        def block(cin, cout):
+            return [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(), make_norm(norm, cout, gn_groups)]
+        self.features = nn.Sequential(
+            *block(in_channels, 64), *block(64, 64), nn.MaxPool2d(2), nn.Dropout(dropout),
+            *block(64, 128), *block(128, 128), nn.MaxPool2d(2), nn.Dropout(dropout),
+        )
+        side = image_size // 4
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(128 * side * side, 128), nn.ReLU(),
+                                        nn.Linear(128, num_classes))
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+class SimpleCNN(nn.Module):
+    """Seed 003, Table 7: three blocks Conv(3x3; 16, 32, 64) -> norm -> ReLU -> MaxPool(2),
+    then FC(., 128), ReLU, FC(128, classes)."""
+
+    def __init__(self, norm: str, in_channels: int = 3, image_size: int = 32, num_classes: int = 10,
+                 gn_groups: int = 2):
+        super().__init__()
+        layers, cin = [], in_channels
+        for cout in (16, 32, 64):
+            layers += [nn.Conv2d(cin, cout, 3, padding=1), make_norm(norm, cout, gn_groups), nn.ReLU(), nn.MaxPool2d(2)]
+            cin = cout
+        self.features = nn.Sequential(*layers)
+        side = image_size // 8
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(64 * side * side, 128), nn.ReLU(),
+                                        nn.Linear(128, num_classes))
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, norm: str, gn_groups: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.norm1 = make_norm(norm, cout, gn_groups)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.norm2 = make_norm(norm, cout, gn_groups)
+        self.pad = cout - cin  # option A shortcut (He et al. 2016, CIFAR): subsample, zero-pad channels
+        self.stride = stride
+
+    def forward(self, x):
+        out = F.relu(self.norm1(self.conv1(x)))
+        out = self.norm2(self.conv2(out))
+        shortcut = x[:, :, :: self.stride, :: self.stride] if self.stride > 1 else x
+        if self.pad:
+            shortcut = F.pad(shortcut, (0, 0, 0, 0, self.pad // 2, self.pad - self.pad // 2))
+        return F.relu(out + shortcut)
+
+
+class ResNet20(nn.Module):
+    """ResNet-20 for small images (He et al. 2016; seeds 000/001): 3 stages of 3 basic blocks,
+    16/32/64 channels, parameter-free shortcuts."""
+
+    def __init__(self, norm: str, in_channels: int = 3, image_size: int = 32, num_classes: int = 10,
+                 gn_groups: int = 2):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, 16, 3, padding=1, bias=False),
+                                  make_norm(norm, 16, gn_groups), nn.ReLU())
+        blocks, cin = [], 16
+        for stage, cout in enumerate((16, 32, 64)):
+            for i in range(3):
+                blocks.append(BasicBlock(cin, cout, 2 if (stage > 0 and i == 0) else 1, norm, gn_groups))
+                cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)).mean((2, 3)))
+
+
+def build_model(name: str, norm: str, in_channels: int, image_size: int, num_classes: int,
+                gn_groups: int = 2, dropout: float = 0.25) -> nn.Module:
+    if name == "cnn":
+        return TableOneCNN(norm, in_channels, image_size, num_classes, gn_groups, dropout)
+    if name == "simple-cnn":
+        return SimpleCNN(norm, in_channels, image_size, num_classes, gn_groups)
+    if name == "resnet20":
+        return ResNet20(norm, in_channels, image_size, num_classes, gn_groups)
+    raise ValueError(f"model must be one of {', '.join(MODELS)}, got {name!r}")

@@ -1,0 +1,155 @@
+"""Norm protocols: how a BN layer normalizes on a client, what statistics a client sends,
+and how the server combines them (DESIGN.md, "The norm protocols").
+
+The layer only normalizes and reports its batch statistics; every update of running
+statistics is a pure function below, called by the engine, so no mode mutates buffers
+behind the engine's back. Statistics of all BN layers travel flattened and concatenated:
+one vector of C_total channels per client and channel (`bn_mean`, `bn_var`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+MODES = ("naive", "fbn", "fixbn", "hbn", "fedbn", "central", "gn")
+STAT_MODES = ("naive", "fbn", "fixbn", "hbn", "central")  # modes whose statistics reach the server
+
+Aggregate = Callable[[torch.Tensor], torch.Tensor]
+
+
+class FedBatchNorm(nn.Module):
+    """Batch normalization whose statistics source depends on the norm mode and phase.
+
+    phase "train": naive, fixbn (first stage), fedbn, central normalize with the batch
+    statistics; fbn with the shared running statistics (constants, no gradient); hbn with
+    (1 - s) batch + s global, s = sigmoid(alpha), alpha a per-channel client-local parameter.
+    phase "frozen" (fixbn's second stage) and "eval": the running statistics.
+    In "train" the layer stores its (detached) batch mean and biased variance and the count
+    K of values per channel in `batch_stats` and `count` for the engine to read.
+    """
+
+    def __init__(self, num_features: int, mode: str, eps: float = 1e-5):
+        super().__init__()
+        if mode not in MODES or mode == "gn":
+            raise ValueError(f"FedBatchNorm: mode must be one of {', '.join(m for m in MODES if m != 'gn')}, got {mode!r}")
+        self.mode, self.eps, self.phase = mode, eps, "train"
+        self.weight = nn.Parameter(torch.ones(num_features))
+        self.bias = nn.Parameter(torch.zeros(num_features))
+        if mode == "hbn":
+            self.alpha = nn.Parameter(torch.zeros(num_features))
+        self.register_buffer("running_mean", torch.zeros(num_features))
+        self.register_buffer("running_var", torch.ones(num_features))
+        self.batch_stats: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.count = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dims = [0] + list(range(2, x.dim()))
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        if self.phase in ("eval", "frozen"):
+            mean, var = self.running_mean, self.running_var
+        else:
+            self.count = x.numel() // x.shape[1]
+            batch_mean, batch_var = x.mean(dims), x.var(dims, correction=0)
+            self.batch_stats = (batch_mean.detach(), batch_var.detach())
+            if self.mode == "fbn":
+                mean, var = self.running_mean.detach(), self.running_var.detach()
+            elif self.mode == "hbn":
+                s = torch.sigmoid(self.alpha)
+                mean = (1 - s) * batch_mean + s * self.running_mean.detach()
+                var = (1 - s) * batch_var + s * self.running_var.detach()
+            else:
+                mean, var = batch_mean, batch_var
+        scale = self.weight * torch.rsqrt(var + self.eps)
+        return (x - mean.view(shape)) * scale.view(shape) + self.bias.view(shape)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, mode={self.mode}, eps={self.eps}"
+
+
+def make_norm(mode: str, channels: int, gn_groups: int = 2) -> nn.Module:
+    """The norm layer of a mode: GroupNorm for "gn", FedBatchNorm otherwise."""
+    if mode == "gn":
+        return nn.GroupNorm(min(gn_groups, channels), channels)
+    return FedBatchNorm(channels, mode)
+
+
+def norm_layers(model: nn.Module) -> list[tuple[str, FedBatchNorm]]:
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, FedBatchNorm)]
+
+
+def set_phase(model: nn.Module, phase: str) -> None:
+    for _, layer in norm_layers(model):
+        layer.phase = phase
+
+
+def collect_batch_stats(layers: list[FedBatchNorm]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Concatenated (mean, biased var) of the last forward pass, and clear them."""
+    means = torch.cat([l.batch_stats[0] for l in layers])
+    variances = torch.cat([l.batch_stats[1] for l in layers])
+    for l in layers:
+        l.batch_stats = None
+    return means, variances
+
+
+# ---- client side ---------------------------------------------------------------------------
+
+def variance_factor(mode: str, count: torch.Tensor, n: int) -> torch.Tensor:
+    """Bessel factor of a client's running-variance update: K/(K-1) (what PyTorch does, for
+    naive, fixbn, fedbn, central), Kn/(Kn-1) for fbn (seed 002, Algorithm 2, line 6)."""
+    k = count * n if mode == "fbn" else count
+    return k / (k - 1)
+
+
+def client_running_stats(mode: str, prev_mean, prev_var, batch_mean, batch_var, count, n: int, beta: float):
+    """A client's running statistics after one step: (1-b) prev + b batch, variance with the
+    mode's Bessel factor. prev_* broadcast against the per-client batch_* (h, C)."""
+    mean = (1 - beta) * prev_mean + beta * batch_mean
+    var = (1 - beta) * prev_var + beta * variance_factor(mode, count, n) * batch_var
+    return mean, var
+
+
+# ---- server side ---------------------------------------------------------------------------
+
+def keep_finite(new: torch.Tensor, old: torch.Tensor, floor: float | None = None) -> torch.Tensor:
+    """The server's last line of defense: a coordinate whose aggregate is not finite keeps its
+    old value; variances are floored at 0."""
+    out = torch.where(torch.isfinite(new), new, old)
+    return out.clamp_min(floor) if floor is not None else out
+
+
+def fbn_server_stats(msg_mean, msg_var, count, n: int, beta: float, agg_mean: Aggregate, agg_var: Aggregate):
+    """Seed 002, Algorithm 2 lines 9-10, with the channels' pipelines in place of each average:
+    mu = Agg(mu_i), var = Agg(var_i) + Kn/((Kn-1) beta) Agg((mu_i - mu)^2). The correction
+    term is built from the bn_mean messages, so it goes through the bn_mean pipeline."""
+    mean = agg_mean(msg_mean)
+    kn = count * n
+    var = agg_var(msg_var) + kn / ((kn - 1) * beta) * agg_mean((msg_mean - mean) ** 2)
+    return mean, var
+
+
+def hbn_server_stats(msg_mean, msg_var, count, agg_mean: Aggregate, agg_var: Aggregate):
+    """Seed 003, Eq. 8 for equal client sizes N_k = K (N = K n): mu = Agg(mu_k),
+    var = N/(N-1) (Agg(var_k) + Agg((mu_k - mu)^2))."""
+    mean = agg_mean(msg_mean)
+    total = count * msg_mean.shape[0]
+    var = total / (total - 1) * (agg_var(msg_var) + agg_mean((msg_mean - mean) ** 2))
+    return mean, var
+
+
+def server_stats(mode: str, shared_mean, shared_var, msg_mean, msg_var, count, n: int, beta: float,
+                 agg_mean: Aggregate, agg_var: Aggregate, hbn_lambda: float = 0.01):
+    """New shared statistics from the n stacked messages (n, C) of each BN channel."""
+    if mode == "fbn":
+        mean, var = fbn_server_stats(msg_mean, msg_var, count, n, beta, agg_mean, agg_var)
+    elif mode == "hbn":
+        mean, var = hbn_server_stats(msg_mean, msg_var, count, agg_mean, agg_var)
+        mean = (1 - hbn_lambda) * shared_mean + hbn_lambda * mean
+        var = (1 - hbn_lambda) * shared_var + hbn_lambda * var
+    elif mode in ("naive", "fixbn", "central"):
+        mean, var = agg_mean(msg_mean), agg_var(msg_var)
+    else:
+        raise ValueError(f"mode {mode!r} sends no statistics to the server")
+    return keep_finite(mean, shared_mean), keep_finite(var, shared_var, floor=0.0)
