@@ -200,7 +200,7 @@ class Federation:
 
     @property
     def frozen(self) -> bool:
-        return self.mode == "fixbn" and self.t >= self.sc.switch_round
+        return self.mode == "fixbn" and self.t > self.sc.switch_round  # rounds 1..T* run as naive
 
     @property
     def sends_stats(self) -> bool:

@@ -1,0 +1,188 @@
+"""The federated engine: fast path = reference loop, FBN exactness end to end, protocol
+plumbing (what travels, what stays on the client), hostile messages, and a short real run."""
+
+import functools
+
+import pytest
+import torch
+from torch.func import functional_call
+
+import robustbn
+from robustbn.data import load_dataset, partition
+from robustbn.engine import Federation, _flat
+from robustbn.norm import MODES, collect_batch_stats, set_phase
+from robustbn.scenario import Scenario
+
+
+@functools.lru_cache(maxsize=1)
+def synthetic():
+    return load_dataset("synthetic-images")
+
+
+def federation(vectorized=True, **overrides):
+    values = dict(dataset="synthetic-images", model="simple-cnn", norm="fbn", n=4, f=1, rounds=6, batch_size=8,
+                  lr=0.05, momentum=0.5, weight_decay=1e-3, partition="gamma", gamma=0.0, grad_attack="alie",
+                  bn_attack="sf", grad_agg="nnm+trmean", bn_agg="nnm+median", seed=3)
+    values.update(overrides)
+    if values["norm"] in ("central",):
+        values.update(f=0, grad_attack="none", bn_attack="none")
+    if values["norm"] in ("fedbn", "gn"):
+        values.update(bn_attack="none")
+    if values.get("algorithm") == "fedavg":
+        values.setdefault("local_steps", 2)
+    sc = Scenario.from_dict(values)
+    data = synthetic()
+    parts = partition(data.y_train.numpy(), sc.honest, sc.partition, sc.gamma, sc.alpha, sc.seed)
+    return Federation(sc, data, parts, vectorized=vectorized)
+
+
+def state(fed):
+    out = {f"theta.{k}": v for k, v in fed.theta.items()}
+    out.update({f"local.{k}": v for k, v in fed.local.items()})
+    out["shared_mean"], out["shared_var"] = fed.shared_mean, fed.shared_var
+    if fed.mode == "fedbn":
+        out["local_mean"], out["local_var"] = fed.local_mean, fed.local_var
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["dsgd", "fedavg"])
+@pytest.mark.parametrize("norm", MODES)
+def test_vectorized_engine_equals_reference_loop(norm, algorithm):
+    extra = {"participation": 0.67} if algorithm == "fedavg" else {}
+    fast, slow = (federation(v, norm=norm, algorithm=algorithm, fixbn_switch=2, **extra) for v in (True, False))
+    for _ in range(4):
+        fast.step()
+        slow.step()
+    a, b = state(fast), state(slow)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5, msg=k)
+    torch.testing.assert_close(fast.evaluate()[0], slow.evaluate()[0])
+
+
+@pytest.mark.parametrize("norm", ["naive", "fbn", "hbn", "fedbn", "gn"])
+def test_per_client_gradients_and_statistics_match_the_loop(norm):
+    fast, slow = federation(True, norm=norm), federation(False, norm=norm)
+    x, y = fast._sample()
+    set_phase(fast.model, "train")
+    buffers = fast._buffers(fast.shared_mean, fast.shared_var) if norm != "fedbn" else fast._buffers(fast.local_mean, fast.local_var)
+    args = (fast.theta, fast.local, buffers, x, y)
+    (ga, la), aux_a = fast._client_grads(*args, theta_batched=False, buffers_batched=norm == "fedbn")
+    (gb, lb), aux_b = slow._client_grads(*args, theta_batched=False, buffers_batched=norm == "fedbn")
+    torch.testing.assert_close(_flat(ga, 1), _flat(gb, 1), rtol=1e-5, atol=1e-5)
+    assert len(aux_a) == len(aux_b) == (1 if norm == "gn" else 3)
+    for u, v in zip(aux_a, aux_b):
+        torch.testing.assert_close(u, v, rtol=1e-5, atol=1e-5)
+    assert _flat(ga, 1).shape[0] == fast.h and not torch.allclose(_flat(ga, 1)[0], _flat(ga, 1)[1])
+
+
+def test_fbn_shared_statistics_equal_centralized_bn_on_the_union_batch():
+    """Appendix A, end to end: each round the server's statistics equal the running update of
+    centralized BN fed with the union of the clients' per-layer inputs."""
+    fed = federation(norm="fbn", f=0, grad_attack="none", bn_attack="none", grad_agg="mean", bn_agg="mean", n=5)
+    beta = fed.sc.bn_momentum
+    for _ in range(4):
+        state_before = fed.gen.get_state()
+        x, _ = fed._sample()
+        fed.gen.set_state(state_before)
+        set_phase(fed.model, "train")
+        with torch.no_grad():
+            functional_call(fed.model, {**fed.theta, **fed._buffers(fed.shared_mean, fed.shared_var)},
+                            (x.reshape(-1, *x.shape[2:]),))
+        union_mean, union_var = collect_batch_stats(fed.layers)
+        kn = fed.count * fed.sc.n
+        want_mean = (1 - beta) * fed.shared_mean + beta * union_mean
+        want_var = (1 - beta) * fed.shared_var + beta * kn / (kn - 1) * union_var
+        fed.step()
+        torch.testing.assert_close(fed.shared_mean, want_mean, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(fed.shared_var, want_var, rtol=1e-4, atol=1e-5)
+
+
+def record_messages(fed):
+    seen = {"grad": [], "bn": []}
+    for name, channel in (("grad", fed.grad_channel), ("bn", fed.mean_channel), ("bn", fed.var_channel)):
+        original = channel.messages
+        def spy(honest, original=original, name=name):
+            seen[name].append(honest.shape)
+            return original(honest)
+        channel.messages = spy
+    return seen
+
+
+def test_fixbn_switches_at_t_star():
+    fed = federation(norm="fixbn", fixbn_switch=3)
+    seen = record_messages(fed)
+    snapshots = []
+    for t in range(1, 7):
+        fed.step()
+        snapshots.append(fed.shared_var.clone())
+        assert {l.phase for l in fed.layers} == {"frozen" if t > 3 else "train"}
+    assert not torch.equal(snapshots[1], snapshots[2])  # statistics still move up to T*
+    assert all(torch.equal(snapshots[2], s) for s in snapshots[3:])  # then the server accepts none
+    assert len(seen["bn"]) == 2 * 3  # two BN channels, rounds 1..T* only
+
+
+def test_hbn_mixing_factor_stays_on_the_client():
+    fed = federation(norm="hbn", gamma=0.0)
+    seen = record_messages(fed)
+    alpha0 = {k: v.clone() for k, v in fed.local.items()}
+    for _ in range(5):
+        fed.step()
+    assert alpha0 and all(k.endswith(".alpha") for k in fed.local) and not any(k.endswith(".alpha") for k in fed.theta)
+    assert seen["grad"][0][1] == sum(v.numel() for v in fed.theta.values())
+    for k, v in fed.local.items():
+        assert v.shape[0] == fed.h and not torch.equal(v, alpha0[k])  # trained locally...
+        assert not torch.allclose(v[0], v[1])  # ...by each client on its own data
+
+
+def test_fedbn_bn_tensors_never_enter_a_message():
+    fed = federation(norm="fedbn")
+    seen = record_messages(fed)
+    for _ in range(3):
+        fed.step()
+    bn_names = {f"{l}.{p}" for l in fed.layer_names for p in ("weight", "bias")}
+    assert set(fed.local) == bn_names and not bn_names & set(fed.theta)
+    assert seen["bn"] == [] and seen["grad"][0][1] == sum(v.numel() for v in fed.theta.values())
+    assert torch.equal(fed.shared_mean, torch.zeros_like(fed.shared_mean))
+    assert not torch.allclose(fed.local_mean[0], fed.local_mean[1])  # statistics stay per client
+
+
+@pytest.mark.parametrize("norm", ["naive", "fbn", "hbn"])
+@pytest.mark.parametrize("grad_attack, bn_attack, agg", [("nan", "inf", "nnm+median"), ("inf", "nan", "nnm+median"),
+                                                          ("nan", "inf", "mean")])
+def test_hostile_messages_never_make_the_model_nan(norm, grad_attack, bn_attack, agg):
+    sc = dict(dataset="synthetic-images", norm=norm, n=6, f=2, rounds=20, batch_size=16, lr=0.05, momentum=0.5,
+              grad_attack=grad_attack, bn_attack=bn_attack, grad_agg=agg, bn_agg=agg, partition="iid", eval_every=5)
+    result = robustbn.run(sc, data=synthetic())
+    values = [v for row in result.history for v in row.values()]
+    values += [x for layer in result.bn_stats.values() for x in layer["mean"] + layer["var"]]
+    assert all(torch.isfinite(torch.tensor(values)))
+    if agg == "nnm+median":  # defended: it still learns (chance is 0.1)
+        assert result.final_accuracy > 0.2 and result.history[-1]["train_loss"] < result.history[0]["train_loss"]
+
+
+def test_short_end_to_end_run_learns():
+    result = robustbn.run(dict(dataset="synthetic-images", norm="fbn", n=5, f=0, rounds=40, batch_size=16, lr=0.05,
+                               momentum=0.5, partition="gamma", gamma=0.2, eval_every=10), data=synthetic())
+    assert [row["round"] for row in result.history] == [10, 20, 30, 40]
+    assert result.history[0]["test_acc"] < result.final_accuracy and result.final_accuracy > 0.9
+    assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
+    assert set(result.bn_stats) == {"features.1", "features.5", "features.9"}
+
+
+def test_same_seed_same_run_other_seed_other_run():
+    sc = dict(dataset="synthetic-images", norm="naive", n=4, f=1, rounds=5, batch_size=8, grad_attack="gaussian",
+              grad_agg="median", partition="dirichlet", alpha=0.5, eval_every=5)
+    a, b = robustbn.run(sc, data=synthetic()), robustbn.run(sc, data=synthetic())
+    c = robustbn.run({**sc, "seed": 1}, data=synthetic())
+    assert a.history == b.history and a.bn_stats == b.bn_stats
+    assert a.bn_stats != c.bn_stats
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("norm", ["fbn", "hbn", "fedbn"])
+def test_cuda_run_matches_cpu_closely(norm):
+    sc = dict(dataset="synthetic-images", norm=norm, n=4, f=0, rounds=3, batch_size=8, partition="iid", eval_every=3)
+    cpu = federation(norm=norm, f=0, grad_attack="none", bn_attack="none", grad_agg="mean", bn_agg="mean")
+    result = robustbn.run({**sc, "device": "cuda"})
+    assert result.device.startswith("cuda") and result.history[-1]["test_acc"] >= 0

@@ -1,0 +1,125 @@
+"""The norm protocols' formulas: FBN's exactness (seed 002, Appendix A) and direct transcriptions."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from robustbn.norm import (
+    FedBatchNorm,
+    client_running_stats,
+    fbn_server_stats,
+    hbn_server_stats,
+    keep_finite,
+    server_stats,
+    variance_factor,
+)
+
+mean_agg = lambda m: m.mean(0)
+
+
+@given(n=st.integers(1, 8), k=st.integers(2, 12), c=st.integers(1, 4), beta=st.floats(0.01, 0.99),
+       rounds=st.integers(1, 6), seed=st.integers(0, 2**31 - 1), scale=st.floats(0.1, 100))
+def test_fbn_server_statistics_equal_centralized_bn_on_the_union(n, k, c, beta, rounds, seed, scale):
+    """Appendix A: with a mean pipeline, FBN's shared statistics equal the running statistics
+    of centralized BN (torch's own BatchNorm1d) on the union of the batches, round after round."""
+    g = torch.Generator().manual_seed(seed)
+    central = torch.nn.BatchNorm1d(c, momentum=beta, dtype=torch.float64).train()
+    mean, var = torch.zeros(c, dtype=torch.float64), torch.ones(c, dtype=torch.float64)
+    count = torch.full((c,), float(k), dtype=torch.float64)
+    for _ in range(rounds):
+        shift = scale * torch.randn(n, 1, c, generator=g, dtype=torch.float64)  # heterogeneous clients
+        batches = shift + torch.randn(n, k, c, generator=g, dtype=torch.float64) * torch.rand(n, 1, c, generator=g, dtype=torch.float64)
+        central(batches.reshape(n * k, c))
+        m_i, v_i = client_running_stats("fbn", mean, var, batches.mean(1), batches.var(1, correction=0), count, n, beta)
+        mean, var = fbn_server_stats(m_i, v_i, count, n, beta, mean_agg, mean_agg)
+        torch.testing.assert_close(mean, central.running_mean, rtol=1e-9, atol=1e-9 * scale)
+        torch.testing.assert_close(var, central.running_var, rtol=1e-9, atol=1e-9 * scale**2)
+
+
+def test_naive_averaging_underestimates_the_variance_under_heterogeneity():
+    # the bias FBN's correction removes: two clients with far-apart means
+    batches = torch.stack([torch.full((10, 1), -5.0), torch.full((10, 1), 5.0)]) + torch.linspace(-1, 1, 10)[None, :, None]
+    count = torch.tensor([10.0])
+    args = (torch.zeros(1), torch.ones(1), batches.mean(1), batches.var(1, correction=0), count, 2, 0.1)
+    naive = server_stats("naive", torch.zeros(1), torch.ones(1), *client_running_stats("naive", *args), count, 2, 0.1, mean_agg, mean_agg)
+    fbn = server_stats("fbn", torch.zeros(1), torch.ones(1), *client_running_stats("fbn", *args), count, 2, 0.1, mean_agg, mean_agg)
+    assert fbn[1] > naive[1] + 2.0  # 0.1 * 25 of between-client variance recovered
+
+
+def test_client_running_stats_transcription():
+    prev_m, prev_v = 0.5, 2.0
+    bm, bv, k, n, beta = 1.5, 3.0, 7, 4, 0.2
+    for mode, factor in [("naive", k / (k - 1)), ("fixbn", k / (k - 1)), ("fbn", k * n / (k * n - 1))]:
+        m, v = client_running_stats(mode, torch.tensor([prev_m]), torch.tensor([prev_v]), torch.tensor([[bm]]),
+                                    torch.tensor([[bv]]), torch.tensor([float(k)]), n, beta)
+        assert m.item() == pytest.approx((1 - beta) * prev_m + beta * bm)
+        assert v.item() == pytest.approx((1 - beta) * prev_v + beta * factor * bv)
+    assert variance_factor("central", torch.tensor(200.0), 10).item() == pytest.approx(200 / 199)
+
+
+@given(n=st.integers(2, 8), k=st.integers(2, 10), seed=st.integers(0, 10**6))
+def test_hbn_pooling_equals_the_pooled_sample_variance(n, k, seed):
+    """Seed 003, Eq. 8 with N_k = K: the pooled statistics of all n*K values."""
+    x = torch.randn(n, k, 3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    x = x + 3 * torch.arange(n, dtype=torch.float64)[:, None, None]
+    mean, var = hbn_server_stats(x.mean(1), x.var(1, correction=0), torch.full((3,), float(k), dtype=torch.float64),
+                                 mean_agg, mean_agg)
+    union = x.reshape(-1, 3)
+    torch.testing.assert_close(mean, union.mean(0))
+    torch.testing.assert_close(var, union.var(0, correction=1))
+    # and a literal transcription of sum_k N_k (var_k + (mu_k - mu)^2) / (N - 1)
+    mu = sum(k * x[i].mean(0) for i in range(n)) / (n * k)
+    literal = sum(k * (x[i].var(0, correction=0) + (x[i].mean(0) - mu) ** 2) for i in range(n)) / (n * k - 1)
+    torch.testing.assert_close(var, literal)
+
+
+def test_hbn_server_takes_an_ema_with_lambda():
+    msg_mean, msg_var = torch.full((3, 1), 2.0), torch.full((3, 1), 1.0)
+    mean, var = server_stats("hbn", torch.zeros(1), torch.ones(1), msg_mean, msg_var, torch.tensor([4.0]), 3, 0.1,
+                             mean_agg, mean_agg, hbn_lambda=0.25)
+    assert mean.item() == pytest.approx(0.25 * 2.0)
+    assert var.item() == pytest.approx(0.75 + 0.25 * 12 / 11 * 1.0)
+
+
+def test_server_keeps_old_values_for_non_finite_aggregates_and_floors_variances():
+    old_m, old_v = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])
+    assert keep_finite(torch.tensor([float("nan"), 5.0]), old_m).tolist() == [1.0, 5.0]
+    assert keep_finite(torch.tensor([float("inf"), -2.0]), old_v, floor=0.0).tolist() == [3.0, 0.0]
+    m, v = server_stats("naive", old_m, old_v, torch.tensor([[float("inf"), 1.0]]), torch.tensor([[-1.0, float("nan")]]),
+                        torch.tensor([5.0, 5.0]), 1, 0.1, mean_agg, mean_agg)
+    assert m.tolist() == [1.0, 1.0] and v.tolist() == [0.0, 4.0]
+
+
+@pytest.mark.parametrize("mode", ["naive", "fbn", "hbn", "fedbn"])
+def test_layer_normalizes_with_its_modes_statistics(mode):
+    layer = FedBatchNorm(3, mode)
+    layer.running_mean.fill_(1.0)
+    layer.running_var.fill_(4.0)
+    x = torch.randn(16, 3, 5, 5, generator=torch.Generator().manual_seed(0)) * 3 + 2
+    out = layer(x)
+    bm, bv = x.mean((0, 2, 3)), x.var((0, 2, 3), correction=0)
+    if mode == "fbn":
+        want = (x - 1.0) / math.sqrt(4.0 + layer.eps)
+    elif mode == "hbn":  # alpha = 0: s = 1/2
+        m, v = 0.5 * bm + 0.5, 0.5 * bv + 2.0
+        want = (x - m.view(1, 3, 1, 1)) / torch.sqrt(v.view(1, 3, 1, 1) + layer.eps)
+    else:
+        want = torch.nn.functional.batch_norm(x, None, None, training=True, eps=layer.eps)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.batch_stats[0], bm)
+    torch.testing.assert_close(layer.batch_stats[1], bv)
+    assert layer.count == 16 * 25
+    # evaluation (and fixbn's frozen stage) use the running statistics
+    layer.phase = "eval"
+    torch.testing.assert_close(layer(x), (x - 1.0) / math.sqrt(4.0 + layer.eps))
+
+
+def test_fbn_layer_sends_no_gradient_through_the_shared_statistics():
+    layer = FedBatchNorm(2, "fbn")
+    x = torch.randn(8, 2, requires_grad=True)
+    layer(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones_like(x) / math.sqrt(1 + layer.eps))

@@ -1,0 +1,46 @@
+import pytest
+
+import robustbn
+from robustbn.scenario import Scenario, ScenarioError
+
+
+@pytest.mark.parametrize("change, field, message", [
+    ({"norm": "batchnorm"}, "norm", "allowed: naive, fbn, fixbn, hbn, fedbn, central, gn"),
+    ({"rounds": -5}, "rounds", "must be an integer >= 1"),
+    ({"rounds": 2.5}, "rounds", "must be an integer >= 1"),
+    ({"f": 5, "grad_agg": "median"}, "grad_agg", "needs f < n/2"),
+    ({"n": 8, "f": 4, "grad_agg": "nnm+trmean"}, "grad_agg", "trmean: needs 2f < n, got f=4, n=8"),
+    ({"f": 10}, "f", "must be < n = 10"),
+    ({"norm": "fedbn", "f": 2, "bn_attack": "sf"}, "bn_attack", "sends no BN statistics; allowed: 'none'"),
+    ({"norm": "gn", "f": 2, "bn_attack": "alie"}, "bn_attack", "sends no BN statistics"),
+    ({"norm": "central", "f": 2}, "f", "admits f = 0 only"),
+    ({"grad_attack": "sf"}, "grad_attack", "needs f >= 1"),
+    ({"f": 2, "grad_attack": "bogus"}, "grad_attack", "unknown attack 'bogus'"),
+    ({"f": 2, "grad_attack": "foe", "grad_attack_params": {"z": 1}}, "grad_attack", "does not take z; allowed: eps"),
+    ({"algorithm": "sgd"}, "algorithm", "allowed: dsgd, fedavg"),
+    ({"local_steps": 5}, "local_steps", "use algorithm = 'fedavg'"),
+    ({"batch_size": 1}, "batch_size", "must be an integer >= 2"),
+    ({"lr": 0}, "lr", "must be a number in (0, inf)"),
+    ({"momentum": 1.0}, "momentum", "[0, 1)"),
+    ({"gamma": 1.5}, "gamma", "[0, 1]"),
+    ({"dataset": "imagenet"}, "dataset", "allowed: fashion-mnist, mnist, cifar10, synthetic-images"),
+    ({"device": "tpu"}, "device", "allowed: 'cpu', 'cuda', 'cuda:N'"),
+    ({"lr_milestones": [[10]]}, "lr_milestones", "[round, lr] pairs"),
+    ({"colour": "blue"}, "colour", "unknown field; allowed:"),
+])
+def test_bad_values_name_the_field_and_what_is_allowed(change, field, message):
+    with pytest.raises(ScenarioError) as err:
+        Scenario.from_dict({"dataset": "synthetic-images", **change})
+    assert err.value.field == field and message in str(err.value)
+    with pytest.raises(ScenarioError):  # the entry point validates too, before loading anything
+        robustbn.run({"dataset": "synthetic-images", **change})
+
+
+def test_lr_schedule_follows_the_milestones():
+    sc = Scenario.from_dict({"lr": 0.1, "lr_milestones": [[2000, 0.033], [1000, 0.05]]})
+    assert [sc.lr_at(t) for t in (1, 999, 1000, 1999, 2000, 3000)] == [0.1, 0.1, 0.05, 0.05, 0.033, 0.033]
+
+
+def test_defaults_are_valid_and_round_trip():
+    sc = Scenario().validated()
+    assert Scenario.from_dict(sc.to_dict()) == sc and sc.switch_round == sc.rounds // 2
