@@ -91,7 +91,7 @@ def main():
                 rule = aggregators.build(spec, f=f, n=n)
                 s = time_call(lambda: rule(x), dev, args.repeats)
                 mean_s = mean_s or s
-                cell = f"{s * 1e3:.1f} ({s / mean_s:.0f}x)"
+                cell = f"{s * 1e3:.1f} ({s / mean_s:.1f}x)"
                 if dev.type == "cuda":
                     cell += f"; {peak_ratio(lambda: rule(x), x):.1f}x mem"
                 rows[spec].append(cell)
