@@ -6,6 +6,7 @@ Sampling a mini-batch is index arithmetic on the device (no DataLoader in the ro
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -15,9 +16,12 @@ import numpy as np
 import torch
 
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "synthetic-images")
-PARTITIONS = ("iid", "gamma", "dirichlet")
+PARTITIONS = ("iid", "gamma", "dirichlet", "shards", "feature-shift")
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "robustbn"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "robustbn"
 
 # channel mean and std of each training set (inputs are standardized with them)
 STATS = {
@@ -75,8 +79,12 @@ def _mnist_like_root(folder: str, search: list[Path]) -> Path | None:
 
 
 def _mirror(src: Path, folder: str, gz: bool) -> Path:
-    """Uncompressed copies in the cache, laid out as torchvision's loader expects."""
-    raw = CACHE / "torchvision" / folder / "raw"
+    """Uncompressed copies in the cache (one folder per source directory), laid out as
+    torchvision's loader expects."""
+    import hashlib
+
+    key = hashlib.sha256(str(src.resolve()).encode()).hexdigest()[:16]
+    raw = cache_dir() / "torchvision" / key / folder / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     for f in MNIST_FILES:
         if not (raw / f).exists():
@@ -93,11 +101,12 @@ def _load_torchvision(name: str, data_dir) -> tuple[torch.Tensor, ...]:
     cls = {"fashion-mnist": torchvision.datasets.FashionMNIST, "mnist": torchvision.datasets.MNIST,
            "cifar10": torchvision.datasets.CIFAR10}[name]
     search = _candidate_dirs(data_dir) + ([DEBIAN_FASHION_MNIST] if name == "fashion-mnist" else [])
-    root = None
-    if name != "cifar10":
+    if name == "cifar10":
+        root = next((d for d in search if (d / "cifar-10-batches-py").is_dir()), None)
+    else:
         root = _mnist_like_root(cls.__name__, search)
     if root is None:
-        root = search[0] if search else CACHE / "torchvision"
+        root = search[0] if search else cache_dir() / "torchvision"
         try:
             train, test = cls(root, train=True, download=True), cls(root, train=False, download=True)
         except Exception as e:  # offline, or a broken file
@@ -108,7 +117,11 @@ def _load_torchvision(name: str, data_dir) -> tuple[torch.Tensor, ...]:
                             f"Put the torchvision files there, or point --data-dir / $ROBUSTBN_DATA at "
                             f"a directory holding them{hint}.") from None
     else:
-        train, test = cls(root, train=True, download=False), cls(root, train=False, download=False)
+        try:
+            train, test = cls(root, train=True, download=False), cls(root, train=False, download=False)
+        except Exception as e:
+            raise DataError(f"dataset {name!r}: the files in {root} cannot be read ({type(e).__name__}: {e}). "
+                            f"Replace them with torchvision's files.") from None
     def tensors(ds):
         x = torch.as_tensor(np.asarray(ds.data))
         x = x.permute(0, 3, 1, 2) if x.dim() == 4 else x.unsqueeze(1)
@@ -142,19 +155,22 @@ def load_dataset(name: str, data_dir=None, device: str | torch.device = "cpu") -
 # ---- partitions ----------------------------------------------------------------------------
 
 def partition(labels: np.ndarray, clients: int, kind: str = "iid", gamma: float = 0.0, alpha: float = 0.5,
-              seed: int = 0) -> list[np.ndarray]:
+              seed: int = 0, shards: int = 2) -> list[np.ndarray]:
     """Disjoint index arrays, one per honest client, reproducible from `seed`.
 
     iid: a shuffle cut in equal parts. gamma (seed 002): a gamma fraction of the data is shared
     iid, the rest is sorted by label and cut into consecutive chunks; clients are equal-sized
     (the remainder is dropped); gamma = 0 is the extreme non-iid case. dirichlet (Hsu et al.
     2019): each class is split among clients by proportions drawn from Dir(alpha), redrawn
-    until every client holds at least 2 examples.
+    until every client holds at least 2 examples. shards (McMahan et al. 2017, seed 000): the
+    label-sorted data cut into clients x `shards` equal shards, `shards` random ones per
+    client, so each client holds about `shards` classes. feature-shift (seed 004): labels iid;
+    each client's images then go through its own fixed transform (`FeatureShift`).
     """
     rng = np.random.default_rng(seed)
     labels = np.asarray(labels)
     n = len(labels)
-    if kind == "iid":
+    if kind in ("iid", "feature-shift"):
         per = n // clients
         return list(rng.permutation(n)[: per * clients].reshape(clients, per))
     if kind == "gamma":
@@ -180,7 +196,25 @@ def partition(labels: np.ndarray, clients: int, kind: str = "iid", gamma: float 
                 return out
         raise ValueError(f"dirichlet partition: alpha={alpha} leaves some of {clients} clients nearly empty "
                          f"after 1000 draws; use a larger alpha or fewer clients")
+    if kind == "shards":
+        total = clients * shards
+        per = n // total
+        if per < 1:
+            raise ValueError(f"shards partition: {n} examples cannot make {clients} x {shards} shards")
+        order = rng.permutation(n)
+        order = order[np.argsort(labels[order], kind="stable")][: per * total].reshape(total, per)
+        owners = rng.permutation(total).reshape(clients, shards)
+        return [order[o].ravel() for o in owners]
     raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}, got {kind!r}")
+
+
+def partition_summary(hist: np.ndarray) -> str:
+    """A per-client class histogram as text (rows: clients, columns: classes)."""
+    width = max(5, len(str(hist.max())) + 1)
+    lines = ["client" + "".join(f"{c:>{width}}" for c in range(hist.shape[1])) + f"{'total':>{width + 2}}"]
+    for i, row in enumerate(hist):
+        lines.append(f"{i:>6}" + "".join(f"{v:>{width}}" for v in row) + f"{row.sum():>{width + 2}}")
+    return "\n".join(lines)
 
 
 def label_histograms(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> np.ndarray:
@@ -217,3 +251,52 @@ def sample_batches(table: torch.Tensor, lengths: torch.Tensor, batch: int, gener
     u = torch.rand(table.shape[0], batch, generator=generator, device=table.device)
     pos = (u * lengths[:, None]).long().clamp_max_(lengths[:, None] - 1)
     return table.gather(1, pos)
+
+
+# ---- on-device transforms ------------------------------------------------------------------
+
+def augment_crop_flip(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:
+    """Random crop (zero padding `pad`, the standardized mean) and horizontal flip of a batch
+    (B, C, H, W), vectorized on the device."""
+    b, _, h, w = x.shape
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+    oy = torch.randint(0, 2 * pad + 1, (b,), generator=generator, device=x.device)
+    ox = torch.randint(0, 2 * pad + 1, (b,), generator=generator, device=x.device)
+    rows = (oy[:, None] + torch.arange(h, device=x.device))[:, :, None]
+    cols = (ox[:, None] + torch.arange(w, device=x.device))[:, None, :]
+    out = padded[torch.arange(b, device=x.device)[:, None, None], :, rows, cols].permute(0, 3, 1, 2)
+    flip = torch.rand(b, generator=generator, device=x.device) < 0.5
+    return torch.where(flip[:, None, None, None], out.flip(-1), out)
+
+
+class FeatureShift:
+    """Each client's own fixed image transform (FedBN's feature-shift setting, seed 004):
+    a rotation, a contrast factor, additive Gaussian noise, and for RGB a per-channel color
+    scale. Client i's parameters are spread over the ranges, in an order shuffled by `seed`."""
+
+    def __init__(self, clients: int, channels: int, seed: int = 0, max_angle: float = 45.0,
+                 contrast: tuple[float, float] = (0.5, 1.5), noise: tuple[float, float] = (0.0, 0.5)):
+        rng = np.random.default_rng(seed + 2)
+        spread = lambda lo, hi: torch.tensor(rng.permutation(np.linspace(lo, hi, clients)), dtype=torch.float32)
+        self.angle = spread(-max_angle, max_angle) * math.pi / 180
+        self.contrast = spread(*contrast)
+        self.noise = spread(*noise)
+        self.color = torch.tensor(rng.uniform(0.6, 1.4, (clients, channels)) if channels == 3 else np.ones((clients, channels)),
+                                  dtype=torch.float32)
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator, clients: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (h, b, C, H, W), client i's images in row i (`clients` picks the rows' clients)."""
+        pick = (lambda t: t.to(x.device)) if clients is None else (lambda t: t.to(x.device)[clients])
+        h, b, c, hh, ww = x.shape
+        angle, contrast, noise, color = pick(self.angle), pick(self.contrast), pick(self.noise), pick(self.color)
+        cos, sin = angle.cos(), angle.sin()
+        zero = torch.zeros_like(cos)
+        theta = torch.stack([torch.stack([cos, -sin, zero], -1), torch.stack([sin, cos, zero], -1)], -2)  # (h, 2, 3)
+        theta = theta.repeat_interleave(b, 0)
+        flat = x.reshape(h * b, c, hh, ww)
+        grid = torch.nn.functional.affine_grid(theta, flat.shape, align_corners=False)
+        out = torch.nn.functional.grid_sample(flat, grid, align_corners=False).reshape(h, b, c, hh, ww)
+        mean = out.mean((2, 3, 4), keepdim=True)
+        out = (out - mean) * contrast[:, None, None, None, None] + mean
+        out = out * color[:, None, :, None, None]
+        return out + noise[:, None, None, None, None] * torch.randn(out.shape, generator=generator, device=x.device)

@@ -21,7 +21,7 @@ from torch.func import functional_call, grad, vmap
 import aggregators
 import attacks
 
-from .data import Dataset, client_test_splits, index_table, sample_batches
+from .data import Dataset, FeatureShift, augment_crop_flip, client_test_splits, index_table, sample_batches
 from .models import build_model
 from .norm import (
     FedBatchNorm,
@@ -106,10 +106,19 @@ class Federation:
         # data: padded index tables of the honest clients, sampled on the device
         self.table, self.lengths = index_table(parts, self.device)
         self.gen = torch.Generator(device=self.device).manual_seed(sc.seed)
-        if self.mode == "fedbn":
-            splits = client_test_splits(parts, data.y_train.cpu().numpy(), data.y_test.cpu().numpy(),
-                                        data.num_classes, sc.seed)
-            self.test_splits = torch.as_tensor(splits, device=self.device)
+        self.augment = data.name == "cifar10" if sc.augment is None else sc.augment
+        self.shift = FeatureShift(len(parts), data.in_channels, sc.seed) if sc.partition == "feature-shift" else None
+        # evaluation data: the global test set, or each client's own test split (FedBN's
+        # personalized evaluation; under feature shift, seen through the client's transform)
+        self.eval_x, self.eval_y = data.x_test, data.y_test
+        if self.mode == "fedbn" or self.shift is not None:
+            splits = torch.as_tensor(client_test_splits(parts, data.y_train.cpu().numpy(), data.y_test.cpu().numpy(),
+                                                        data.num_classes, sc.seed), device=self.device)
+            x, y = data.x_test[splits], data.y_test[splits]
+            if self.shift is not None:
+                x = self.shift(x, torch.Generator(device=self.device).manual_seed(sc.seed + 7))
+            self.client_test = (x, y)
+            self.eval_x, self.eval_y = x.reshape(-1, *x.shape[2:]), y.reshape(-1)
 
         # shared statistics (and fedbn's client-local ones), flat over all BN layers
         c = sum(self.channels_per_layer)
@@ -192,11 +201,18 @@ class Federation:
             return torch.stack([o[0] for o in out]), torch.stack([o[1] for o in out])
 
     def _sample(self, clients: torch.Tensor | None = None):
+        """(h, batch, ...) inputs and labels: each honest client's mini-batch, through its
+        feature-shift transform and the augmentation when those are on."""
         table, lengths = (self.table, self.lengths) if clients is None else (self.table[clients], self.lengths[clients])
         idx = sample_batches(table, lengths, self.sc.batch_size, self.gen)
+        x, y = self.data.x_train[idx], self.data.y_train[idx]
+        if self.shift is not None:
+            x = self.shift(x, self.gen, clients)
+        if self.augment:
+            x = augment_crop_flip(x.reshape(-1, *x.shape[2:]), self.gen).reshape(x.shape)
         if self.central:  # one client holding the union of the honest mini-batches
-            idx = idx.reshape(1, -1)
-        return self.data.x_train[idx], self.data.y_train[idx]
+            x, y = x.reshape(1, -1, *x.shape[2:]), y.reshape(1, -1)
+        return x, y
 
     @property
     def frozen(self) -> bool:
@@ -327,26 +343,26 @@ class Federation:
 
     def evaluate(self, batch: int = 2000) -> tuple[torch.Tensor, torch.Tensor]:
         """(test accuracy, test loss) of the global model in evaluation mode, as device
-        tensors; FedBN: the mean over clients of each client's model on its own test split."""
+        tensors; FedBN: the mean over clients of each client's model on its own test split;
+        under feature shift, on the clients' transformed test splits."""
         set_phase(self.model, "eval")
-        d = self.data
         with torch.no_grad():
             if self.mode == "fedbn":
-                def client_eval(lo, bu, idx):
-                    out = functional_call(self.model, {**self.theta, **lo, **bu}, (d.x_test[idx],))
-                    return (out.argmax(1) == d.y_test[idx]).float().mean(), F.cross_entropy(out, d.y_test[idx])
-                acc, loss = vmap(client_eval)(self.local, self._buffers(self.local_mean, self.local_var), self.test_splits)
+                def client_eval(lo, bu, x, y):
+                    out = functional_call(self.model, {**self.theta, **lo, **bu}, (x,))
+                    return (out.argmax(1) == y).float().mean(), F.cross_entropy(out, y)
+                acc, loss = vmap(client_eval)(self.local, self._buffers(self.local_mean, self.local_var), *self.client_test)
                 return acc.mean(), loss.mean()
             params = {**self.theta, **{k: v[0] for k, v in self.local.items()},
                       **self._buffers(self.shared_mean, self.shared_var)}
             correct = torch.zeros((), device=self.device)
             total_loss = torch.zeros((), device=self.device)
-            for start in range(0, len(d.y_test), batch):
-                x, y = d.x_test[start : start + batch], d.y_test[start : start + batch]
+            for start in range(0, len(self.eval_y), batch):
+                x, y = self.eval_x[start : start + batch], self.eval_y[start : start + batch]
                 out = functional_call(self.model, params, (x,))
                 correct += (out.argmax(1) == y).sum()
                 total_loss += F.cross_entropy(out, y, reduction="sum")
-            return correct / len(d.y_test), total_loss / len(d.y_test)
+            return correct / len(self.eval_y), total_loss / len(self.eval_y)
 
     def pop_train_loss(self) -> torch.Tensor:
         loss = self.train_loss_sum / max(1, self.train_loss_rounds)

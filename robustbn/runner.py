@@ -35,7 +35,7 @@ def run(scenario: Scenario | dict[str, Any], data: Dataset | None = None, progre
     sc.validated()
     start = time.perf_counter()
     data = data or load_dataset(sc.dataset, sc.data_dir, sc.device)
-    parts = partition(data.y_train.cpu().numpy(), sc.honest, sc.partition, sc.gamma, sc.alpha, sc.seed)
+    parts = partition(data.y_train.cpu().numpy(), sc.honest, sc.partition, sc.gamma, sc.alpha, sc.seed, sc.shards)
     fed = Federation(sc, data, parts, vectorized=vectorized)
     evaluations = []
     for t in range(1, sc.rounds + 1):

@@ -31,6 +31,8 @@ class Scenario:
     partition: str = "gamma"
     gamma: float = 0.0              # gamma partition: fraction shared iid (0 = extreme non-iid)
     alpha: float = 0.5              # dirichlet partition concentration
+    shards: int = 2                 # shards partition: shards (about classes) per client
+    augment: bool | None = None     # random crop + flip on the device; None = on for cifar10 only
     model: str = "simple-cnn"
     dropout: float = 0.25           # Table-1 CNN only
     norm: str = "fbn"
@@ -117,6 +119,9 @@ class Scenario:
         number("bn_momentum", 0, 1, low_open=True)
         number("hbn_lambda", 0, 1, low_open=True)
         integer("gn_groups", 1)
+        integer("shards", 1)
+        if self.augment not in (None, True, False):
+            raise ScenarioError("augment", f"must be true, false or absent (on for cifar10 only), got {self.augment!r}")
         integer("n", 1)
         integer("f", 0)
         integer("rounds", 1)
