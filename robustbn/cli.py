@@ -1,53 +1,283 @@
-"""The `robustbn` command."""
+"""The `robustbn` command: run scenario matrices, inspect and plot results, the demo."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from . import __version__
 
-DEMO_HELP = """\
-Attack x defense on synthetic messages (n = 10 clients, f = 3 Byzantine): the relative
-distance between each pipeline's output and the honest mean. 0 is a perfect defense; mean
-under any attack shows what an undefended server gets.
+DEFAULT_DB = "results/robustbn.sqlite"
 
-examples:
-  robustbn demo
-  robustbn demo --n 20 --f 4 --spread 2.0 --seed 1
+DEMO_TOML = """\
+description = "robustbn demo: FBN vs naive BN on Fashion-MNIST under extreme heterogeneity (gamma = 0), 3 of 10 clients attacking the BN statistics with sign flipping, undefended (mean) and defended (nnm+median)"
+dataset = "fashion-mnist"
+model = "simple-cnn"
+partition = "gamma"
+gamma = 0.0
+norm = ["naive", "fbn"]
+n = 10
+f = [0, 3]
+bn_attack = ["none", "sf"]
+bn_agg = ["mean", "nnm+median"]
+grad_attack = "none"
+grad_agg = "mean"
+rounds = 200
+batch_size = 32
+lr = 0.05
+momentum = 0.9
+eval_every = 25
+seed = 0
+
+[[exclude]]   # no attackers: no attack, and nothing to defend
+f = 0
+bn_attack = "sf"
+[[exclude]]
+f = 0
+bn_agg = "nnm+median"
+[[exclude]]   # attackers present: they attack
+f = 3
+bn_attack = "none"
 """
 
 
-def _demo(args) -> int:
-    from .messages import attack_defense_table, format_table
+class UsageError(Exception):
+    """A user error: printed as one line, exit status 2."""
 
-    if not 0 <= 2 * args.f + 2 < args.n:
-        print(f"robustbn demo: --f must satisfy 0 <= f and n > 2f + 2 (Krum's bound), "
-              f"got n={args.n}, f={args.f}", file=sys.stderr)
-        return 2
-    print(f"relative error |aggregate - honest mean| / |honest mean|, n={args.n}, f={args.f}, "
-          f"d={args.d}, spread={args.spread}, seed={args.seed}\n")
-    print(format_table(attack_defense_table(args.n, args.f, args.d, args.spread, args.seed)))
+
+def _fail_cleanly(fn):
+    def wrapper(args):
+        from .data import DataError
+        from .matrix import MatrixError
+        from .scenario import ScenarioError
+        try:
+            return fn(args)
+        except (UsageError, MatrixError, ScenarioError, DataError) as e:
+            print(f"robustbn {args.command}: {e}", file=sys.stderr)
+            return 2
+    return wrapper
+
+
+def _where(pairs: list[str]) -> dict:
+    from .matrix import parse_override
+    return dict(parse_override(p) for p in pairs)
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    cells = [[("" if r.get(c) is None else f"{r[c]:.4f}" if isinstance(r.get(c), float) else str(r[c])) for c in columns]
+             for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def _run_and_report(values_scenarios, source, args) -> int:
+    from .execute import run_matrix
+    from .store import Store
+
+    _, scenarios = values_scenarios
+    store = Store(args.db)
+    try:
+        summary = run_matrix(scenarios, store, source=source, jobs=args.jobs, device=args.device,
+                             progress=not args.quiet)
+    finally:
+        store.close()
+    print(f"{summary.total} runs: {summary.done} ran, {summary.skipped} already done, "
+          f"{len(summary.failed)} failed; results in {args.db}")
+    for run_hash, error in summary.failed:
+        print(f"  failed {run_hash}: {error}", file=sys.stderr)
+    return 1 if summary.failed else 0
+
+
+@_fail_cleanly
+def cmd_run(args) -> int:
+    from .matrix import load
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    return _run_and_report(load(args.file, args.set), str(args.file), args)
+
+
+@_fail_cleanly
+def cmd_list(args) -> int:
+    from .matrix import load
+    from .plots import varying
+    from .store import scenario_hash
+
+    values, scenarios = load(args.file, args.set)
+    rows = [{**sc.to_dict(), "hash": scenario_hash(sc.to_dict())} for sc in scenarios]
+    columns = (varying(rows) if len(rows) > 1 else []) + ["seed", "hash"]
+    if values.get("description"):
+        print(values["description"])
+    print(_table(rows, list(dict.fromkeys(columns))))
+    print(f"{len(rows)} scenarios")
     return 0
 
 
+@_fail_cleanly
+def cmd_results(args) -> int:
+    from .plots import varying
+    from .store import RESULT_COLUMNS, Store, export
+
+    if not Path(args.db).exists():
+        raise UsageError(f"no results store at {args.db} (run `robustbn run FILE --db {args.db}` first)")
+    store = Store(args.db)
+    rows = store.rows(_where(args.where), args.status)
+    store.close()
+    if args.format == "table":
+        shown = (varying(rows) if len(rows) > 1 else ["norm"]) + ["seed", *RESULT_COLUMNS]
+        print(_table(rows, list(dict.fromkeys(shown))))
+        print(f"{len(rows)} runs")
+    else:
+        scenario_keys = [k for k in (rows[0] if rows else {}) if k not in set(RESULT_COLUMNS) | {"history", "error"}]
+        print(export(rows, args.format, scenario_keys + list(RESULT_COLUMNS) + ["history"]), end="")
+    return 0
+
+
+@_fail_cleanly
+def cmd_plot(args) -> int:
+    from .plots import plot
+    from .store import Store
+
+    if not Path(args.db).exists():
+        raise UsageError(f"no results store at {args.db}")
+    store = Store(args.db)
+    rows = store.rows(_where(args.where))
+    store.close()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        plot(rows, args.kind, args.out, args.title, args.x)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print(args.out)
+    return 0
+
+
+@_fail_cleanly
+def cmd_toy(args) -> int:
+    from .plots import toy_figure
+
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    errors = toy_figure(args.out, seed=args.seed)
+    print("normalization error vs centralized BN (seed 002, Figure 2c):")
+    print("gamma   " + "".join(f"{g:>8}" for g in errors["gammas"]))
+    for mode, values in errors["norm_error"].items():
+        print(f"{mode:<8}" + "".join(f"{v:>8.3f}" for v in values))
+    print(args.out)
+    return 0
+
+
+@_fail_cleanly
+def cmd_demo(args) -> int:
+    import dataclasses
+    import tomllib
+
+    from .matrix import expand, parse_override
+    from .plots import plot
+    from .store import Store, scenario_hash
+
+    if args.show:
+        print(DEMO_TOML)
+        return 0
+    values = tomllib.loads(DEMO_TOML)
+    for text in args.set:
+        key, value = parse_override(text)
+        values[key] = value
+    print(values["description"] + "\n")
+    scenarios = [dataclasses.replace(s, device=args.device).validated() if args.device else s
+                 for s in expand(values, "demo")]
+    code = _run_and_report((values, scenarios), "demo", args)
+    hashes = {scenario_hash(s.to_dict()) for s in scenarios}
+    store = Store(args.db)
+    rows = [r for r in store.rows(status="done") if r["hash"] in hashes]
+    store.close()
+    print()
+    print(_table(sorted(rows, key=lambda r: (r["norm"], r["f"], r["bn_agg"])),
+                 ["norm", "f", "bn_attack", "bn_agg", "final_acc", "best_acc", "wall_time_s"]))
+    out = Path(args.db).with_name("demo.png")
+    plot(rows, "curves", str(out), "FBN vs naive BN, gamma = 0, SF on the BN statistics")
+    print(f"\nplot: {out}")
+    return code
+
+
+def _add_run_options(p, db=DEFAULT_DB):
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field (TOML value; a list makes an axis), repeatable")
+    p.add_argument("--db", default=db, help=f"results store (default {db})")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="override every scenario's device")
+    p.add_argument("--jobs", type=int, default=1, help="scenarios run at once, in separate processes (default 1)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
     ap = argparse.ArgumentParser(
-        prog="robustbn",
+        prog="robustbn", formatter_class=raw,
         description="A testbed for Byzantine-robust federated learning with batch normalization.",
-        epilog="examples:\n  robustbn demo\n  robustbn --version",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        epilog="examples:\n  robustbn demo\n  robustbn list scenarios/fbn_fig4_fmnist.toml\n"
+               "  robustbn run scenarios/fbn_fig4_fmnist.toml --set seed=[0,1] --jobs 2\n"
+               "  robustbn results --format csv > results.csv\n"
+               "  robustbn plot heatmap --out results/heatmap.png\n  robustbn toy --out results/toy.png")
     ap.add_argument("--version", action="version", version=f"robustbn {__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
-    demo = sub.add_parser("demo", help="attack x defense table on synthetic messages",
-                          description=DEMO_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    demo.add_argument("--n", type=int, default=10, help="clients in all (default 10)")
-    demo.add_argument("--f", type=int, default=3, help="Byzantine clients (default 3)")
-    demo.add_argument("--d", type=int, default=10_000, help="message dimension (default 10000)")
-    demo.add_argument("--spread", type=float, default=1.0, help="heterogeneity of honest messages (default 1.0)")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.set_defaults(run=_demo)
+
+    p = sub.add_parser("run", help="run a scenario or matrix file into the results store", formatter_class=raw,
+                       description="Run every scenario of FILE (a TOML scenario or matrix); finished runs already in the "
+                                   "store are skipped, unfinished ones run again.",
+                       epilog="examples:\n  robustbn run scenarios/fbn_fig3_fmnist.toml\n"
+                              "  robustbn run scenarios/fbn_fig4_fmnist.toml --set rounds=100 --set 'seed=[0,1]' --jobs 2\n"
+                              "  robustbn run my.toml --db results/mine.sqlite --device cuda")
+    p.add_argument("file")
+    _add_run_options(p)
+    p.set_defaults(run=cmd_run)
+
+    p = sub.add_parser("list", help="print the expanded matrix without running it", formatter_class=raw,
+                       epilog="examples:\n  robustbn list scenarios/fbn_fig4_fmnist.toml\n"
+                              "  robustbn list scenarios/fbn_fig3_fmnist.toml --set 'seed=[0,1,2]'")
+    p.add_argument("file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.set_defaults(run=cmd_list)
+
+    p = sub.add_parser("results", help="show or export the results store", formatter_class=raw,
+                       epilog="examples:\n  robustbn results\n  robustbn results --where norm=fbn --where f=3\n"
+                              "  robustbn results --format json > results.json")
+    p.add_argument("--db", default=DEFAULT_DB)
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="filter on a scenario field")
+    p.add_argument("--status", choices=["done", "running", "failed"], default=None)
+    p.set_defaults(run=cmd_results)
+
+    p = sub.add_parser("plot", help="plot results: curves, heterogeneity, heatmap", formatter_class=raw,
+                       description="curves: accuracy vs round, one line per combination of the fields that vary "
+                                   "(seed 002, Figure 4); heterogeneity: final accuracy vs --x (Figure 3a); heatmap: "
+                                   "attack x defense final accuracy, one panel per norm mode. Seeds are pooled "
+                                   "(mean, and std as band or error bar).",
+                       epilog="examples:\n  robustbn plot curves --where gamma=0.0 --out results/fig4.png\n"
+                              "  robustbn plot heterogeneity --where f=0 --out results/fig3a.png\n"
+                              "  robustbn plot heatmap --where gamma=0.0 --out results/heatmap.png")
+    p.add_argument("kind", choices=["curves", "heterogeneity", "heatmap"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--db", default=DEFAULT_DB)
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--x", default="gamma", help="x axis of the heterogeneity plot (default gamma; e.g. alpha)")
+    p.add_argument("--title", default=None)
+    p.set_defaults(run=cmd_plot)
+
+    p = sub.add_parser("toy", help="seed 002's Figures 1 and 2: the normalization experiment", formatter_class=raw,
+                       epilog="examples:\n  robustbn toy --out results/toy.png")
+    p.add_argument("--out", default="results/toy.png")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=cmd_toy)
+
+    p = sub.add_parser("demo", help="the main job: FBN vs naive BN under attack on Fashion-MNIST (a few minutes, CPU)",
+                       formatter_class=raw,
+                       description="Runs a small matrix (robustbn demo --show prints it) on Fashion-MNIST on the CPU, "
+                                   "prints a table of final accuracies and writes a plot next to the store.",
+                       epilog="examples:\n  robustbn demo\n  robustbn demo --set rounds=100\n  robustbn demo --show")
+    _add_run_options(p, db="results/demo.sqlite")
+    p.add_argument("--show", action="store_true", help="print the demo's matrix file and exit")
+    p.set_defaults(run=cmd_demo)
     return ap
 
 

@@ -66,11 +66,11 @@ class Channel:
         self.f = f
 
     def messages(self, honest: torch.Tensor) -> torch.Tensor:
-        """The n messages the server receives: honest first, then the Byzantine ones."""
-        if self.f == 0:
+        """What the server receives: the honest messages first, then the f Byzantine ones. With
+        no attack on this channel the Byzantine clients send nothing on it."""
+        if self.f == 0 or self.attack is None:
             return honest
-        byzantine = self.attack(honest, self.f) if self.attack is not None else honest[: self.f]
-        return torch.cat([honest, byzantine.to(honest.dtype)])
+        return torch.cat([honest, self.attack(honest, self.f).to(honest.dtype)])
 
     def aggregate(self, honest: torch.Tensor) -> torch.Tensor:
         return self.pipeline(self.messages(honest))

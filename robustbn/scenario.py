@@ -166,8 +166,10 @@ class Scenario:
             except (ValueError, TypeError) as e:
                 raise ScenarioError(f"{channel}_attack", str(e)) from None
             spec, params = getattr(self, f"{channel}_agg"), getattr(self, f"{channel}_agg_params")
+            # without an attack on the channel, the Byzantine clients send nothing on it
+            received = self.n if name != "none" else self.n - self.f
             try:
-                aggregators.build(spec, f=self.f, n=self.n, **params)
+                aggregators.build(spec, f=self.f, n=received, **params)
             except (ValueError, TypeError) as e:
                 raise ScenarioError(f"{channel}_agg", str(e)) from None
         return self

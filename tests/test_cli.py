@@ -1,33 +1,32 @@
 import subprocess
 import sys
+import tomllib
 
-import pytest
-
-from robustbn.cli import main
-from robustbn.messages import ATTACKS, DEFENSES, attack_defense_table
+from robustbn.cli import DEMO_TOML, main
+from robustbn.matrix import expand
 
 
-def test_demo_prints_the_attack_defense_table(capsys):
-    assert main(["demo", "--d", "500"]) == 0
+def test_demo_matrix_is_fbn_vs_naive_with_and_without_attack_and_defense():
+    scenarios = expand(tomllib.loads(DEMO_TOML))
+    cells = {(s.norm, s.f, s.bn_attack, s.bn_agg) for s in scenarios}
+    assert cells == {(norm, f, attack, agg) for norm in ("naive", "fbn")
+                     for f, attack, agg in [(0, "none", "mean"), (3, "sf", "mean"), (3, "sf", "nnm+median")]}
+    assert all(s.dataset == "fashion-mnist" and s.gamma == 0.0 and s.device == "cpu" for s in scenarios)
+
+
+def test_demo_prints_its_table_and_plot(tmp_path, capsys):
+    db = tmp_path / "demo.sqlite"
+    assert main(["demo", "--db", str(db), "--quiet", "--set", "dataset=\"synthetic-images\"", "--set", "rounds=4",
+                 "--set", "eval_every=2", "--set", "batch_size=8"]) == 0
     out = capsys.readouterr().out
-    header = next(line for line in out.splitlines() if line.startswith("attack"))
-    assert header.split()[1:] == DEFENSES
-    assert [line.split()[0] for line in out.splitlines()[-len(ATTACKS):]] == ATTACKS
+    table = out.split("final_acc", 1)[1]
+    assert table.count("naive") == 3 and table.count("fbn") == 3
+    assert (tmp_path / "demo.png").stat().st_size > 10_000 and f"plot: {tmp_path / 'demo.png'}" in out
 
 
-def test_demo_table_shows_what_the_papers_show():
-    t = attack_defense_table(d=2000, spread=0.2)
-    assert t["none", "mean"] == pytest.approx(0.0, abs=1e-6)
-    # undefended averaging is wrecked by noise; median-based defenses are not
-    assert t["gaussian", "mean"] > 10 * t["gaussian", "nnm+median"]
-    assert all(t[a, d] < 1.0 for a in ATTACKS for d in ["median", "trmean", "nnm+median", "nnm+trmean"])
-
-
-def test_bad_demo_arguments_are_a_clear_error_not_a_traceback():
-    p = subprocess.run([sys.executable, "-m", "robustbn.cli", "demo", "--f", "5"], capture_output=True, text=True)
-    assert p.returncode == 2 and "n > 2f + 2" in p.stderr and "Traceback" not in p.stderr
-
-
-def test_version():
+def test_version_and_help():
     p = subprocess.run([sys.executable, "-m", "robustbn.cli", "--version"], capture_output=True, text=True)
     assert p.returncode == 0 and p.stdout.startswith("robustbn ")
+    for command in ("run", "list", "results", "plot", "toy", "demo"):
+        p = subprocess.run([sys.executable, "-m", "robustbn.cli", command, "--help"], capture_output=True, text=True)
+        assert p.returncode == 0 and "examples:" in p.stdout, command

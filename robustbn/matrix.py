@@ -1,0 +1,117 @@
+"""Scenario files (TOML) and their expansion into a matrix of scenarios.
+
+A file sets scenario fields at the top level; a field given as a list becomes an axis, and the
+file expands into the cartesian product of its axes. `exclude` rules (an array of tables)
+drop combinations: a combination is dropped when it matches every key of a rule, a list in
+a rule meaning "any of". `description` is free text. Fields whose value is itself a list
+(lr_milestones) or a table (*_params) become axes when given as a list of such values.
+
+    description = "FBN vs naive BN under attack"
+    dataset = "fashion-mnist"
+    norm = ["naive", "fbn"]
+    f = [0, 3]
+    bn_attack = ["none", "sf"]
+    [[exclude]]
+    f = 0
+    bn_attack = ["sf"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from .scenario import Scenario, ScenarioError
+
+FIELDS = {f.name: f for f in dataclasses.fields(Scenario)}
+LIST_VALUED = {"lr_milestones"}  # a plain value of these is already a list
+TABLE_VALUED = {name for name in FIELDS if name.endswith("_params")}
+SPECIAL = {"description", "exclude"}
+
+
+class MatrixError(ValueError):
+    """A bad scenario file or override: the message names the file, the key and what is allowed."""
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`key=value`, value in TOML syntax (`f=3`, `norm=["fbn","naive"]`, `lr=0.05`); a value
+    that is not valid TOML is taken as a string (`norm=fbn`)."""
+    if "=" not in text:
+        raise MatrixError(f"--set {text!r}: expected key=value, e.g. --set rounds=100")
+    key, raw = (part.strip() for part in text.split("=", 1))
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def _is_axis(key: str, value: Any) -> bool:
+    if key in LIST_VALUED:
+        return isinstance(value, list) and bool(value) and isinstance(value[0], list) and (
+            not value[0] or isinstance(value[0][0], list))
+    return isinstance(value, list)
+
+
+def _matches(rule: dict[str, Any], combo: dict[str, Any]) -> bool:
+    for key, wanted in rule.items():
+        options = wanted if isinstance(wanted, list) and key not in LIST_VALUED else [wanted]
+        if combo.get(key, getattr(Scenario, key, None)) not in options:
+            return False
+    return True
+
+
+def expand(values: dict[str, Any], source: str = "<scenario>") -> list[Scenario]:
+    """The validated scenarios of one file's values (after overrides), in file order."""
+    unknown = sorted(set(values) - set(FIELDS) - SPECIAL)
+    if unknown:
+        raise MatrixError(f"{source}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(FIELDS))}, "
+                          f"and 'description', 'exclude'")
+    rules = values.get("exclude", [])
+    if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
+        raise MatrixError(f"{source}: 'exclude' must be an array of tables ([[exclude]] blocks)")
+    for rule in rules:
+        bad = sorted(set(rule) - set(FIELDS))
+        if bad:
+            raise MatrixError(f"{source}: exclude rule names unknown key {bad[0]!r}; allowed: scenario fields")
+    fields = {k: v for k, v in values.items() if k not in SPECIAL}
+    axes = {k: (v if _is_axis(k, v) else [v]) for k, v in fields.items()}
+    for key, options in axes.items():
+        if not options:
+            raise MatrixError(f"{source}: key {key!r} is an empty list; give at least one value")
+    scenarios = []
+    for combo in itertools.product(*axes.values()):
+        chosen = dict(zip(axes, combo))
+        if any(_matches(rule, chosen) for rule in rules):
+            continue
+        try:
+            scenarios.append(Scenario.from_dict(chosen))
+        except ScenarioError as e:
+            where = ", ".join(f"{k}={v!r}" for k, v in chosen.items() if k in axes and len(axes[k]) > 1)
+            raise MatrixError(f"{source}: key {e.field!r}: {str(e).split(': ', 1)[1]}"
+                              + (f" (in the combination {where})" if where else "")) from None
+        except TypeError as e:
+            raise MatrixError(f"{source}: {e}") from None
+    if not scenarios:
+        raise MatrixError(f"{source}: every combination is excluded; nothing to run")
+    return scenarios
+
+
+def load(path: str | Path, overrides: list[str] = ()) -> tuple[dict[str, Any], list[Scenario]]:
+    """(the file's values with overrides applied, its expanded scenarios)."""
+    path = Path(path)
+    try:
+        values = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise MatrixError(f"{path}: no such scenario file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise MatrixError(f"{path}: not valid TOML: {e}") from None
+    for text in overrides:
+        key, value = parse_override(text)
+        if key not in FIELDS:
+            raise MatrixError(f"--set {key}: unknown key; allowed: {', '.join(sorted(FIELDS))}")
+        values[key] = value
+    return values, expand(values, str(path))

@@ -1,0 +1,178 @@
+"""Scenario matrices, the results store, and the CLI that ties them together."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from robustbn.cli import main
+from robustbn.matrix import MatrixError, expand, load, parse_override
+from robustbn.store import Store, scenario_hash
+
+ROOT = Path(__file__).parent.parent
+TINY = """
+dataset = "synthetic-images"
+model = "simple-cnn"
+partition = "iid"
+n = 4
+rounds = 6
+batch_size = 8
+eval_every = 3
+norm = ["naive", "fbn"]
+f = [0, 1]
+bn_attack = ["none", "sf"]
+bn_agg = "median"
+[[exclude]]
+f = 0
+bn_attack = "sf"
+[[exclude]]
+f = 1
+bn_attack = "none"
+"""
+
+
+def write(tmp_path, text, name="m.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_matrix_expands_the_cartesian_product_minus_exclusions(tmp_path):
+    _, scenarios = load(write(tmp_path, TINY))
+    assert [(s.norm, s.f, s.bn_attack) for s in scenarios] == [
+        ("naive", 0, "none"), ("naive", 1, "sf"), ("fbn", 0, "none"), ("fbn", 1, "sf")]
+
+
+def test_overrides_replace_values_and_lists_make_axes(tmp_path):
+    _, scenarios = load(write(tmp_path, TINY), ["rounds=9", "seed=[0, 1]", "norm=gn", "bn_attack=none", "f=0"])
+    assert len(scenarios) == 2 and {s.seed for s in scenarios} == {0, 1}
+    assert all(s.rounds == 9 and s.norm == "gn" for s in scenarios)
+    assert parse_override("norm=fbn") == ("norm", "fbn") and parse_override("lr=0.5") == ("lr", 0.5)
+    milestones = expand({"lr_milestones": [[10, 0.05], [20, 0.01]]})
+    assert len(milestones) == 1 and milestones[0].lr_milestones == [[10, 0.05], [20, 0.01]]
+    assert len(expand({"lr_milestones": [[[10, 0.05]], [[20, 0.01]]]})) == 2
+
+
+@pytest.mark.parametrize("text, message", [
+    ('colour = "blue"', "m.toml: unknown key 'colour'; allowed:"),
+    ('rounds = "many"', "m.toml: key 'rounds': must be an integer >= 1, got 'many'"),
+    ('norm = ["fbn", "batchnorm"]', "key 'norm': 'batchnorm' is not allowed; allowed: naive, fbn"),
+    ('f = 5\nn = 10\ngrad_agg = "median"\ngrad_attack = "sf"', "key 'grad_agg': median: needs f < n/2"),
+    ('rounds = [', "not valid TOML"),
+    ('norm = []', "key 'norm' is an empty list"),
+    ('[[exclude]]\nbogus = 1', "exclude rule names unknown key 'bogus'"),
+])
+def test_bad_files_give_one_clear_message(tmp_path, text, message):
+    with pytest.raises(MatrixError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        load(write(tmp_path, text))
+
+
+def run_cli(*args, check_rc=None):
+    p = subprocess.run([sys.executable, "-m", "robustbn.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if check_rc is not None:
+        assert p.returncode == check_rc, p.stderr
+    return p
+
+
+def test_invalid_file_exits_2_without_traceback(tmp_path):
+    p = run_cli("run", str(write(tmp_path, 'norm = "bogus"')), "--db", str(tmp_path / "r.sqlite"))
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "m.toml: key 'norm': 'bogus' is not allowed; allowed:" in p.stderr
+    assert not (tmp_path / "r.sqlite").exists()  # nothing ran, nothing written
+    p = run_cli("list", str(tmp_path / "missing.toml"))
+    assert p.returncode == 2 and "no such scenario file" in p.stderr
+    p = run_cli("run", str(write(tmp_path, TINY)), "--set", "bogus=1")
+    assert p.returncode == 2 and "--set bogus: unknown key" in p.stderr
+
+
+def test_run_list_results_plot_round_trip(tmp_path, capsys):
+    matrix, db = write(tmp_path, TINY), str(tmp_path / "r.sqlite")
+    assert main(["list", str(matrix)]) == 0
+    assert "4 scenarios" in capsys.readouterr().out
+    assert main(["run", str(matrix), "--db", db, "--quiet"]) == 0
+    assert "4 runs: 4 ran, 0 already done, 0 failed" in capsys.readouterr().out
+    assert main(["run", str(matrix), "--db", db, "--quiet"]) == 0  # finished runs are skipped
+    assert "4 runs: 0 ran, 4 already done" in capsys.readouterr().out
+
+    assert main(["results", "--db", db, "--format", "json", "--where", "norm=fbn"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 2 and {r["norm"] for r in rows} == {"fbn"}
+    assert all(r["status"] == "done" and [h["round"] for h in r["history"]] == [3, 6] for r in rows)
+    assert main(["results", "--db", db, "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 5 and "final_acc" in lines[0].split(",")
+
+    for kind in ("curves", "heatmap"):
+        out = tmp_path / f"{kind}.png"
+        assert main(["plot", kind, "--db", db, "--out", str(out)]) == 0
+        assert out.read_bytes()[:4] == b"\x89PNG" and out.stat().st_size > 10_000
+
+
+def test_store_keys_by_stable_hash_and_commits_each_run(tmp_path):
+    sc = {"b": 1, "a": [1, 2]}
+    assert scenario_hash(sc) == scenario_hash({"a": [1, 2], "b": 1})
+    store = Store(tmp_path / "s.sqlite")
+    store.start("h1", sc)
+    store.finish("h2", sc, [{"round": 1, "test_acc": 0.5, "test_loss": 1.0, "train_loss": 1.0}], {}, 1.0, "cpu")
+    store.close()
+    with sqlite3.connect(tmp_path / "s.sqlite") as db:  # another connection sees both, committed
+        assert dict(db.execute("SELECT hash, status FROM runs").fetchall()) == {"h1": "running", "h2": "done"}
+
+
+def test_kill_9_loses_only_the_run_in_flight(tmp_path):
+    matrix = write(tmp_path, TINY.replace("rounds = 6", "rounds = 400").replace("eval_every = 3", "eval_every = 100"))
+    db = tmp_path / "k.sqlite"
+    proc = subprocess.Popen([sys.executable, "-m", "robustbn.cli", "run", str(matrix), "--db", str(db), "--quiet"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline:  # wait until one run is done and the next in flight
+        time.sleep(0.5)
+        if db.exists():
+            with sqlite3.connect(db) as con:
+                done = con.execute("SELECT count(*) FROM runs WHERE status = 'done'").fetchone()[0]
+                if done >= 1:
+                    break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with sqlite3.connect(db) as con:
+        statuses = [s for (s,) in con.execute("SELECT status FROM runs")]
+    assert statuses.count("done") >= 1 and set(statuses) <= {"done", "running"}
+    store = Store(db)
+    finished = {r["hash"] for r in store.rows(status="done")}
+    store.close()
+    p = run_cli("run", str(matrix), "--db", str(db), "--quiet", "--set", "rounds=400", check_rc=0)
+    assert f"{len(finished)} already done" in p.stdout  # finished runs kept, the others re-run
+    store = Store(db)
+    assert len(store.rows(status="done")) == 4 and finished <= {r["hash"] for r in store.rows(status="done")}
+    store.close()
+
+
+def test_jobs_run_scenarios_in_parallel_processes_with_the_same_results(tmp_path, capsys):
+    matrix = write(tmp_path, TINY)
+    serial, parallel = str(tmp_path / "a.sqlite"), str(tmp_path / "b.sqlite")
+    assert main(["run", str(matrix), "--db", serial, "--quiet"]) == 0
+    assert main(["run", str(matrix), "--db", parallel, "--quiet", "--jobs", "2"]) == 0
+    rows = lambda path: {r["hash"]: r["history"] for r in Store(path).rows()}
+    assert rows(serial) == rows(parallel)
+
+
+def test_every_shipped_scenario_file_is_valid():
+    files = sorted((ROOT / "scenarios").glob("*.toml"))
+    assert len(files) >= 8
+    for path in files:
+        values, scenarios = load(path)
+        assert values.get("description") and scenarios
+
+
+def test_toy_command_draws_the_figure(tmp_path, capsys):
+    out = tmp_path / "toy.png"
+    assert main(["toy", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "fbn" in text and out.stat().st_size > 20_000
