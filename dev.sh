@@ -24,11 +24,26 @@ setup() {
   fi
 }
 
+# Fashion-MNIST, the offline default dataset: Debian's package where apt-get is usable;
+# elsewhere torchvision downloads it on first use.
+fashion_mnist() {
+  [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && return 0
+  command -v apt-get >/dev/null 2>&1 || return 0
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    sudo -n true 2>/dev/null || return 0
+    sudo="sudo -n"
+  fi
+  echo "dev.sh: installing Debian's dataset-fashion-mnist" >&2
+  { $sudo apt-get update -qq && $sudo apt-get install -y -qq dataset-fashion-mnist; } >/dev/null 2>&1 \
+    || echo "dev.sh: apt-get could not install dataset-fashion-mnist; torchvision will download it" >&2
+}
+
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
-  setup) setup ;;
-  demo) setup; exec "$VENV/bin/robustbn" demo "$@" ;;
-  test) setup; exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" ;;
+  setup) setup; fashion_mnist ;;
+  demo) setup; fashion_mnist; exec "$VENV/bin/robustbn" demo "$@" ;;
+  test) setup; fashion_mnist; exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" ;;
   *) echo "usage: ./dev.sh {demo|test|setup} [ARGS]" >&2; exit 2 ;;
 esac
