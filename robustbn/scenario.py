@@ -171,5 +171,7 @@ class Scenario:
             try:
                 aggregators.build(spec, f=self.f, n=received, **params)
             except (ValueError, TypeError) as e:
-                raise ScenarioError(f"{channel}_agg", str(e)) from None
+                why = (f" (with {channel}_attack = 'none' the Byzantine clients send nothing on this channel: "
+                       f"the server receives n - f = {received} messages)") if received != self.n else ""
+                raise ScenarioError(f"{channel}_agg", f"{e}{why}") from None
         return self
