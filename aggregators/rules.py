@@ -63,13 +63,8 @@ class CoordinateWiseMedian(Rule):
         return _median(x)
 
 
-class TrimmedMean(Rule):
-    """Per coordinate, drop the f largest and the f smallest values, average the rest.
-
-    Requires 2f < n. With at most f hostile rows the output lies in the honest range.
-    """
-
-    name = "trmean"
+class _HonestMajority(Rule):
+    """A rule with a parameter f that needs 2f < n."""
 
     def __init__(self, f: int):
         self.f = check_f(f, self.name)
@@ -77,6 +72,15 @@ class TrimmedMean(Rule):
     def rows_out(self, n):
         _require(2 * self.f < n, self.name, f"needs 2f < n, got f={self.f}, n={n}")
         return 1
+
+
+class TrimmedMean(_HonestMajority):
+    """Per coordinate, drop the f largest and the f smallest values, average the rest.
+
+    Requires 2f < n. With at most f hostile rows the output lies in the honest range.
+    """
+
+    name = "trmean"
 
     def apply(self, x):
         n = x.shape[0]
@@ -174,18 +178,11 @@ class CenteredClipping(Rule):
         return v
 
 
-class Meamed(Rule):
+class Meamed(_HonestMajority):
     """Mean around median (Xie et al. 2018): per coordinate, the average of the n - f values
     closest to the coordinate-wise median. Requires 2f < n."""
 
     name = "meamed"
-
-    def __init__(self, f: int):
-        self.f = check_f(f, self.name)
-
-    def rows_out(self, n):
-        _require(2 * self.f < n, self.name, f"needs 2f < n, got f={self.f}, n={n}")
-        return 1
 
     def apply(self, x):
         dev = (x - _median(x)).abs()

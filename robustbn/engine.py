@@ -233,18 +233,14 @@ class Federation:
             self.count, self.sc.n, self.sc.bn_momentum,
             self.mean_channel.pipeline, self.var_channel.pipeline, self.sc.hbn_lambda)
 
-    def _apply_local(self, grads_local, lr, clients=None):
-        """Client-local parameters (fedbn's BN affine, hbn's alpha) take their own SGD step."""
+    def _apply_local(self, grads_local, lr) -> None:
+        """DSGD: client-local parameters (fedbn's BN affine, hbn's alpha) take their own
+        momentum SGD step, like the weights but without leaving the client."""
         wd, mom = self.sc.weight_decay, self.sc.momentum
         for k, g in grads_local.items():
-            p = self.local[k] if clients is None else self.local[k][clients]
-            g = g + wd * p
-            buf = mom * self.local_momentum[k] + (1 - mom) * g if clients is None else g
-            if clients is None:
-                self.local_momentum[k] = buf
-                self.local[k] = p - lr * buf
-            else:
-                self.local[k][clients] = p - lr * buf
+            g = g + wd * self.local[k]
+            self.local_momentum[k] = mom * self.local_momentum[k] + (1 - mom) * g
+            self.local[k] = self.local[k] - lr * self.local_momentum[k]
 
     # ---- rounds ----------------------------------------------------------------------------
 

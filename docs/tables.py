@@ -1,0 +1,56 @@
+"""Markdown tables of final accuracies for docs/results.md, from a results store.
+
+    python docs/tables.py results/paper.sqlite
+"""
+
+import statistics
+import sys
+from collections import defaultdict
+
+from robustbn.store import Store
+
+
+def cell(values):
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{100 * values[0]:.1f}"
+    return f"{100 * statistics.mean(values):.1f} ± {100 * statistics.stdev(values):.1f}"
+
+
+def pivot(rows, row_key, col_key, title):
+    table = defaultdict(list)
+    for r in rows:
+        table[row_key(r), col_key(r)].append(r["final_acc"])
+    rows_ = sorted({k[0] for k in table}, key=str)
+    cols = sorted({k[1] for k in table}, key=str)
+    print(f"\n{title}\n")
+    print("| | " + " | ".join(map(str, cols)) + " |")
+    print("|---|" + "---|" * len(cols))
+    for r in rows_:
+        print(f"| {r} | " + " | ".join(cell(table[r, c]) for c in cols) + " |")
+
+
+def main(db):
+    rows = [r for r in Store(db).rows(status="done")]
+    fig3 = [r for r in rows if r["algorithm"] == "dsgd" and r["f"] == 0 and r["partition"] == "gamma"
+            and r["bn_agg"] == "mean" and r["gamma"] in (0.0, 0.1, 1.0) and r["norm"] not in ()]
+    fig3 = [r for r in fig3 if len({x["norm"] for x in fig3}) > 2]
+    pivot(fig3, lambda r: r["norm"], lambda r: f"gamma = {r['gamma']}",
+          "Figure 3 (Fashion-MNIST): final test accuracy (%), no attack")
+    fig4 = [r for r in rows if r["algorithm"] == "dsgd" and r["norm"] in ("naive", "fbn") and r["gamma"] in (0.0, 0.01)
+            and r["partition"] == "gamma" and (r["f"] == 3 or (r["f"] == 0 and r["bn_agg"] == "mean"))
+            and r["model"] == "simple-cnn" and r["rounds"] == 200]
+    pivot(fig4, lambda r: f"{r['norm']}, gamma = {r['gamma']}",
+          lambda r: "no attack" if r["f"] == 0 else f"{r['bn_attack']} / {r['bn_agg']}",
+          "Figure 4 and C.3 (Fashion-MNIST): final test accuracy (%), f = 3 of 10 attack the BN statistics (attack / defense)")
+    for partition, title in (("dirichlet", "Seed 003's setting (FedAvg, Dirichlet 0.6, batch 8)"),
+                             ("feature-shift", "Feature shift (seed 004's setting)")):
+        part = [r for r in rows if r["algorithm"] == "fedavg" and r["partition"] == partition]
+        pivot(part, lambda r: r["norm"], lambda r: "final accuracy", f"{title}: final test accuracy (%)")
+    wall = sum(r["wall_time_s"] or 0 for r in rows)
+    print(f"\n{len(rows)} runs, {wall / 60:.0f} minutes of run time in all")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
