@@ -37,6 +37,12 @@ CREATE TABLE IF NOT EXISTS runs (
 RESULT_COLUMNS = ("final_acc", "best_acc", "final_loss", "rounds_done", "status", "wall_time_s", "device", "hash")
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Filter equality: numbers by value (gamma=0 matches 0.0), anything else as text."""
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+    return float(a) == float(b) if number(a) and number(b) else str(a) == str(b)
+
+
 def scenario_hash(scenario: dict[str, Any]) -> str:
     """Stable across processes and machines: sha256 of the scenario's canonical JSON."""
     canonical = json.dumps(scenario, sort_keys=True, separators=(",", ":"), default=str)
@@ -93,14 +99,14 @@ class Store:
 
     def rows(self, where: dict[str, Any] | None = None, status: str | None = None) -> list[dict[str, Any]]:
         """Every run as a flat dict (scenario fields, summary columns, history), filtered by
-        scenario fields (`where`, values compared as text) and status."""
+        scenario fields (`where`) and status."""
         out = []
         for (run_hash, scenario, st, history, wall, device, error) in self.db.execute(
                 "SELECT hash, scenario, status, history, wall_time_s, device, error FROM runs ORDER BY rowid"):
             sc = json.loads(scenario)
             if status and st != status:
                 continue
-            if where and any(str(sc.get(k)) != str(v) for k, v in where.items()):
+            if where and not all(_same(sc.get(k), v) for k, v in where.items()):
                 continue
             hist = json.loads(history) if history else []
             accs = [h["test_acc"] for h in hist]

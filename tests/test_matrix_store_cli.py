@@ -105,6 +105,8 @@ def test_run_list_results_plot_round_trip(tmp_path, capsys):
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 2 and {r["norm"] for r in rows} == {"fbn"}
     assert all(r["status"] == "done" and [h["round"] for h in r["history"]] == [3, 6] for r in rows)
+    assert main(["results", "--db", db, "--format", "json", "--where", "f=1", "--where", "lr=0.1"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 2  # numbers match by value: lr=0.1, f=1
     assert main(["results", "--db", db, "--format", "csv"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 5 and "final_acc" in lines[0].split(",")
