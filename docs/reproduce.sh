@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 DB=${DB:-results/paper.sqlite}
 RUN="robustbn run --db $DB --jobs ${JOBS:-2} --quiet"
 $RUN scenarios/fbn_fig4_fmnist.toml
+$RUN scenarios/fbn_fig4_control_fmnist.toml
 $RUN scenarios/fbn_fig3_fmnist.toml
 $RUN scenarios/hbn_table1_fmnist.toml
 $RUN scenarios/fedbn_feature_shift_fmnist.toml
@@ -15,8 +16,8 @@ robustbn toy --out docs/img/toy.png
 robustbn plot heterogeneity --db $DB --where dataset=fashion-mnist --where f=0 --where rounds=200 --where algorithm=dsgd \
   --where bn_agg=mean --out docs/img/fig3a_fmnist.png --title "Fashion-MNIST: final accuracy vs heterogeneity (seed 002, Fig. 3a)"
 for g in 0.0 0.01; do
-  robustbn plot heatmap --db $DB --where rounds=200 --where partition=gamma --where gamma=$g --where algorithm=dsgd \
-    --out docs/img/fig4_heatmap_gamma$g.png --title "f = 3 attack the BN statistics, gamma = $g (seed 002, Fig. 4, C.3)"
+  robustbn plot heatmap --db $DB --where rounds=200 --where partition=gamma --where gamma=$g --where f=3 \
+    --out docs/img/fig4_heatmap_gamma$g.png --title "f = 3 of 10 attack the BN statistics (none: they send nothing), gamma = $g (seed 002, Fig. 4, C.3)"
   for attack in sf foe alie; do
     robustbn plot curves --db $DB --where rounds=200 --where gamma=$g --where bn_attack=$attack --where f=3 \
       --out docs/img/fig4_curves_${attack}_gamma$g.png --title "$attack on the BN statistics, gamma = $g"

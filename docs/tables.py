@@ -42,7 +42,8 @@ def main(db):
             and r["partition"] == "gamma" and (r["f"] == 3 or (r["f"] == 0 and r["bn_agg"] == "mean"))
             and r["model"] == "simple-cnn" and r["rounds"] == 200]
     pivot(fig4, lambda r: f"{r['norm']}, gamma = {r['gamma']}",
-          lambda r: "no attack" if r["f"] == 0 else f"{r['bn_attack']} / {r['bn_agg']}",
+          lambda r: "no attack (10 honest)" if r["f"] == 0 else "no attack (7 honest)" if r["bn_attack"] == "none"
+          else f"{r['bn_attack']} / {r['bn_agg']}",
           "Figure 4 and C.3 (Fashion-MNIST): final test accuracy (%), f = 3 of 10 attack the BN statistics (attack / defense)")
     for partition, title in (("dirichlet", "Seed 003's setting (FedAvg, Dirichlet 0.6, batch 8)"),
                              ("feature-shift", "Feature shift (seed 004's setting)")):
