@@ -265,15 +265,15 @@ class Federation:
                                                      theta_batched=False, buffers_batched=fedbn)
         self.train_loss_sum += aux[0].mean()
 
-        g = _flat(g_theta, 1) + sc.weight_decay * _flat(self.theta, 0)
+        flat_theta = _flat(self.theta, 0)
+        g = _flat(g_theta, 1) + sc.weight_decay * flat_theta
         if sc.momentum > 0:  # worker momentum, m_0 = 0
             prev = torch.zeros_like(g) if self.momentum_buf is None else self.momentum_buf
             self.momentum_buf = sc.momentum * prev + (1 - sc.momentum) * g
             g = self.momentum_buf
         update = self.grad_channel.aggregate(g)
         update = torch.nan_to_num(update, nan=0.0, posinf=0.0, neginf=0.0)
-        flat_theta = _flat(self.theta, 0) - lr * update
-        self.theta = _unflat(flat_theta, self.theta, 0)
+        self.theta = _unflat(flat_theta - lr * update, self.theta, 0)
         self._apply_local(g_local, lr)
 
         if self.mode == "hbn":

@@ -181,8 +181,9 @@ def test_same_seed_same_run_other_seed_other_run():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("norm", ["fbn", "hbn", "fedbn"])
-def test_cuda_run_matches_cpu_closely(norm):
-    sc = dict(dataset="synthetic-images", norm=norm, n=4, f=0, rounds=3, batch_size=8, partition="iid", eval_every=3)
-    cpu = federation(norm=norm, f=0, grad_attack="none", bn_attack="none", grad_agg="mean", bn_agg="mean")
-    result = robustbn.run({**sc, "device": "cuda"})
-    assert result.device.startswith("cuda") and result.history[-1]["test_acc"] >= 0
+def test_cuda_run_learns_and_stays_on_the_device(norm):
+    # CPU and CUDA generators draw different batches, so the runs are compared by outcome
+    sc = dict(dataset="synthetic-images", norm=norm, n=5, f=0, rounds=40, batch_size=16, lr=0.05, momentum=0.5,
+              partition="gamma", gamma=0.2, eval_every=10, device="cuda")
+    result = robustbn.run(sc)
+    assert result.device.startswith("cuda") and result.final_accuracy > 0.5
