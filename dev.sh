@@ -13,13 +13,15 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
   exit 2
 fi
 
+# setup EXTRAS: install the project with those extras when pyproject.toml or EXTRAS changed
 setup() {
+  local extras=$1
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   local want stamp="$VENV/.robustbn-installed"
-  want=$(cat pyproject.toml | "$PYTHON" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+  want=$({ cat pyproject.toml; echo "$extras"; } | "$PYTHON" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    echo "dev.sh: installing robustbn and its dependencies into $VENV (first time: a few minutes)" >&2
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+    echo "dev.sh: installing robustbn[$extras] and its dependencies into $VENV (first time: a few minutes)" >&2
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
     echo "$want" > "$stamp"
   fi
 }
@@ -42,8 +44,8 @@ fashion_mnist() {
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
-  setup) setup; fashion_mnist ;;
-  demo) setup; fashion_mnist; exec "$VENV/bin/robustbn" demo "$@" ;;
-  test) setup; fashion_mnist; exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" ;;
+  setup) setup test,ray; fashion_mnist ;;
+  demo) setup test; fashion_mnist; exec "$VENV/bin/robustbn" demo "$@" ;;
+  test) setup test,ray; fashion_mnist; exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" ;;
   *) echo "usage: ./dev.sh {demo|test|setup} [ARGS]" >&2; exit 2 ;;
 esac

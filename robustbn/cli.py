@@ -49,11 +49,13 @@ class UsageError(Exception):
 def _fail_cleanly(fn):
     def wrapper(args):
         from .data import DataError
+        from .execute import ExecutorError
         from .matrix import MatrixError
         from .scenario import ScenarioError
+        from .store import StoreError
         try:
             return fn(args)
-        except (UsageError, MatrixError, ScenarioError, DataError) as e:
+        except (UsageError, MatrixError, ScenarioError, DataError, ExecutorError, StoreError) as e:
             print(f"robustbn {args.command}: {e}", file=sys.stderr)
             return 2
     return wrapper
@@ -74,17 +76,30 @@ def _table(rows: list[dict], columns: list[str]) -> str:
 
 
 def _run_and_report(values_scenarios, source, args) -> int:
-    from .execute import run_matrix
+    from .execute import RayOptions, parse_shard, run_matrix
     from .store import Store
 
     _, scenarios = values_scenarios
+    executor = getattr(args, "executor", "local")
+    shard = parse_shard(args.shard) if getattr(args, "shard", None) else None
+    ray_options = None
+    if executor == "ray":
+        if args.jobs != 1:
+            raise UsageError("--jobs is for the local executor; with --executor ray, size tasks with "
+                             "--cpus-per-run and --gpus-per-run")
+        if args.cpus_per_run <= 0 or args.gpus_per_run < 0 or args.retries < 0:
+            raise UsageError("--cpus-per-run must be > 0, --gpus-per-run >= 0 and --retries >= 0")
+        ray_options = RayOptions(args.address, args.cpus_per_run, args.gpus_per_run, args.retries)
+    elif getattr(args, "address", None):
+        raise UsageError("--address is for --executor ray")
     store = Store(args.db)
     try:
         summary = run_matrix(scenarios, store, source=source, jobs=args.jobs, device=args.device,
-                             progress=not args.quiet)
+                             progress=not args.quiet, executor=executor, shard=shard, ray_options=ray_options)
     finally:
         store.close()
-    print(f"{summary.total} runs: {summary.done} ran, {summary.skipped} already done, "
+    where = f"shard {args.shard} of {len(scenarios)} runs: " if shard else ""
+    print(f"{where}{summary.total} runs: {summary.done} ran, {summary.skipped} already done, "
           f"{len(summary.failed)} failed; results in {args.db}")
     for run_hash, error in summary.failed:
         print(f"  failed {run_hash}: {error}", file=sys.stderr)
@@ -97,6 +112,25 @@ def cmd_run(args) -> int:
     if args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
     return _run_and_report(load(args.file, args.set), str(args.file), args)
+
+
+@_fail_cleanly
+def cmd_merge(args) -> int:
+    from .store import Store
+
+    if Path(args.db).resolve() in {Path(p).resolve() for p in args.stores}:
+        raise UsageError(f"--db {args.db} is also a store to merge; give a different target")
+    store = Store(args.db)
+    try:
+        for path in args.stores:
+            c = store.merge(path)
+            print(f"{path}: {c['added']} added, {c['replaced']} replaced unfinished runs, {c['kept']} already here"
+                  + (f" ({c['differing']} done in both with different histories: kept this store's)"
+                     if c["differing"] else ""))
+        print(f"{len(store.rows())} runs in {args.db}")
+    finally:
+        store.close()
+    return 0
 
 
 @_fail_cleanly
@@ -227,10 +261,32 @@ def build_parser() -> argparse.ArgumentParser:
                                    "store are skipped, unfinished ones run again.",
                        epilog="examples:\n  robustbn run scenarios/fbn_fig3_fmnist.toml\n"
                               "  robustbn run scenarios/fbn_fig4_fmnist.toml --set rounds=100 --set 'seed=[0,1]' --jobs 2\n"
-                              "  robustbn run my.toml --db results/mine.sqlite --device cuda")
+                              "  robustbn run my.toml --db results/mine.sqlite --device cuda\n"
+                              "  robustbn run scenarios/fbn_fig4_fmnist.toml --shard $SLURM_ARRAY_TASK_ID/8 "
+                              "--db results/shard$SLURM_ARRAY_TASK_ID.sqlite\n"
+                              "  robustbn run scenarios/fbn_fig4_cifar10.toml --executor ray --address auto "
+                              "--device cuda --gpus-per-run 0.25")
     p.add_argument("file")
     _add_run_options(p)
+    p.add_argument("--shard", metavar="I/N", default=None,
+                   help="run only slice I of N (0 <= I < N) of the matrix, sliced by run hash (array jobs)")
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local: this machine (--jobs); ray: one Ray task per run (pip install 'robustbn[ray]')")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster address (e.g. auto or HOST:6379); default: start a local Ray instance")
+    p.add_argument("--cpus-per-run", type=float, default=1.0, help="Ray: CPUs per task, also its torch threads (default 1)")
+    p.add_argument("--gpus-per-run", type=float, default=0.0,
+                   help="Ray: GPUs per task, a fraction shares a GPU (default 0; needed for --device cuda)")
+    p.add_argument("--retries", type=int, default=3, help="Ray: re-runs of a task whose worker died (default 3)")
     p.set_defaults(run=cmd_run)
+
+    p = sub.add_parser("merge", help="merge results stores into one, deduplicating by run hash", formatter_class=raw,
+                       description="Copy every run of each STORE into --db. A run already there is kept, unless it "
+                                   "is unfinished and the incoming one is done. The merged stores are only read.",
+                       epilog="examples:\n  robustbn merge --db results/all.sqlite results/shard*.sqlite")
+    p.add_argument("stores", nargs="+", metavar="STORE")
+    p.add_argument("--db", default=DEFAULT_DB, help=f"the store merged into, created if absent (default {DEFAULT_DB})")
+    p.set_defaults(run=cmd_merge)
 
     p = sub.add_parser("list", help="print the expanded matrix without running it", formatter_class=raw,
                        epilog="examples:\n  robustbn list scenarios/fbn_fig4_fmnist.toml\n"

@@ -37,6 +37,10 @@ CREATE TABLE IF NOT EXISTS runs (
 RESULT_COLUMNS = ("final_acc", "best_acc", "final_loss", "rounds_done", "status", "wall_time_s", "device", "hash")
 
 
+class StoreError(Exception):
+    """A store that cannot be read or written as asked (a user error: named path, no traceback)."""
+
+
 def _same(a: Any, b: Any) -> bool:
     """Filter equality: numbers by value (gamma=0 matches 0.0), anything else as text."""
     number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -96,6 +100,38 @@ class Store:
         with self.db:
             self.db.execute("UPDATE runs SET status = 'failed', error = ?, finished = ? WHERE hash = ?",
                             (error, time.time(), run_hash))
+
+    def merge(self, source: str | Path) -> dict[str, int]:
+        """Copy the runs of another store into this one, in one transaction, deduplicating by
+        run hash: a run new here is added; a finished run replaces an unfinished one; otherwise
+        this store's row stays. Returns counts: added, replaced, kept, and `differing` (runs done
+        in both whose histories differ, e.g. made on different devices; this store's is kept)."""
+        source = Path(source)
+        if not source.is_file():
+            raise StoreError(f"merge: no results store at {source}")
+        try:
+            other = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+            columns = [c[1] for c in other.execute("PRAGMA table_info(runs)")]
+            if "hash" not in columns or "status" not in columns:
+                raise StoreError(f"merge: {source} is not a robustbn results store (it has no runs table)")
+            incoming = [dict(zip(columns, r)) for r in other.execute(f"SELECT {', '.join(columns)} FROM runs")]
+            other.close()
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"merge: cannot read {source} as a results store: {e}") from None
+        mine = [c[1] for c in self.db.execute("PRAGMA table_info(runs)")]
+        counts = {"added": 0, "replaced": 0, "kept": 0, "differing": 0}
+        with self.db:
+            for row in incoming:
+                row = {k: v for k, v in row.items() if k in mine}
+                here = self.db.execute("SELECT status, history FROM runs WHERE hash = ?", (row["hash"],)).fetchone()
+                if here is not None and not (here[0] != "done" and row["status"] == "done"):
+                    counts["kept"] += 1
+                    counts["differing"] += here[0] == row["status"] == "done" and here[1] != row["history"]
+                    continue
+                counts["replaced" if here else "added"] += 1
+                self.db.execute(f"INSERT OR REPLACE INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                                tuple(row.values()))
+        return counts
 
     def rows(self, where: dict[str, Any] | None = None, status: str | None = None) -> list[dict[str, Any]]:
         """Every run as a flat dict (scenario fields, summary columns, history), filtered by

@@ -15,16 +15,10 @@ from robustbn.cli import main
 from robustbn.matrix import MatrixError, expand, load, parse_override
 from robustbn.store import Store, scenario_hash
 
+from matrices import TINY_RUN
+
 ROOT = Path(__file__).parent.parent
-TINY = """
-dataset = "synthetic-images"
-model = "simple-cnn"
-partition = "iid"
-n = 4
-rounds = 6
-batch_size = 8
-eval_every = 3
-norm = ["naive", "fbn"]
+TINY = TINY_RUN + """norm = ["naive", "fbn"]
 f = [0, 1]
 bn_attack = ["none", "sf"]
 bn_agg = "median"

@@ -1,0 +1,168 @@
+"""Scaling out: shards of a matrix, merging stores, and the Ray executor (on a local Ray
+instance bound to loopback)."""
+
+import os
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+from robustbn.cli import main
+from robustbn.execute import RayOptions, in_shard, run_matrix
+from robustbn.matrix import load
+from robustbn.store import Store, scenario_hash
+
+from matrices import TINY_RUN
+
+TINY = TINY_RUN + """norm = ["naive", "fbn"]
+f = 1
+bn_attack = "sf"
+bn_agg = ["mean", "median"]
+seed = [0, 1]
+"""
+
+
+def write(tmp_path, text=TINY):
+    path = tmp_path / "m.toml"
+    path.write_text(text)
+    return path
+
+
+def histories(db) -> dict:
+    store = Store(db)
+    out = {r["hash"]: (r["status"], r["history"]) for r in store.rows()}
+    store.close()
+    return out
+
+
+@given(st.lists(st.text(min_size=1), min_size=1, max_size=40, unique=True), st.integers(1, 7))
+def test_shards_are_disjoint_and_cover_every_run(names, count):
+    hashes = [scenario_hash({"name": name}) for name in names]
+    owners = [[i for i in range(count) if in_shard(h, (i, count))] for h in hashes]
+    assert all(len(o) == 1 for o in owners)  # each run in exactly one shard
+
+
+def test_shards_then_merge_equal_one_local_run_bit_for_bit(tmp_path, capsys):
+    matrix = write(tmp_path)
+    assert main(["run", str(matrix), "--db", str(tmp_path / "all.sqlite"), "--quiet"]) == 0
+    shards = [tmp_path / f"shard{i}.sqlite" for i in range(3)]
+    for i, db in enumerate(shards):
+        assert main(["run", str(matrix), "--db", str(db), "--quiet", "--shard", f"{i}/3"]) == 0
+    parts = [set(histories(db)) for db in shards]
+    assert sum(map(len, parts)) == 8 and set().union(*parts) == set(histories(tmp_path / "all.sqlite"))
+    capsys.readouterr()
+    assert main(["merge", "--db", str(tmp_path / "merged.sqlite"), *map(str, shards)]) == 0
+    assert "8 runs in" in capsys.readouterr().out
+    assert histories(tmp_path / "merged.sqlite") == histories(tmp_path / "all.sqlite")
+    # merging again adds nothing: deduplicated by run hash
+    assert main(["merge", "--db", str(tmp_path / "merged.sqlite"), str(shards[0])]) == 0
+    assert "0 added" in capsys.readouterr().out
+    with sqlite3.connect(tmp_path / "merged.sqlite") as con:
+        assert con.execute("SELECT count(*), count(DISTINCT hash) FROM runs").fetchone() == (8, 8)
+
+
+def test_merge_keeps_finished_runs_and_replaces_unfinished_ones(tmp_path):
+    a, b = Store(tmp_path / "a.sqlite"), Store(tmp_path / "b.sqlite")
+    done = dict(history=[{"round": 1, "test_acc": 0.5, "test_loss": 1.0}], bn_stats={}, wall_time_s=1.0, device="cpu")
+    a.start("x", {"k": 1}); a.finish("x", {"k": 1}, **done)
+    a.start("y", {"k": 2})                                  # unfinished in a
+    b.start("x", {"k": 1})                                  # unfinished in b: must not replace a's
+    b.start("y", {"k": 2}); b.finish("y", {"k": 2}, **done)
+    b.start("z", {"k": 3}); b.fail("z", "boom")
+    b.close()
+    assert a.merge(tmp_path / "b.sqlite") == {"added": 1, "replaced": 1, "kept": 1, "differing": 0}
+    assert {r["hash"]: r["status"] for r in a.rows()} == {"x": "done", "y": "done", "z": "failed"}
+    a.close()
+
+
+def test_cluster_errors_are_one_line_and_exit_2(tmp_path, capsys):
+    matrix = write(tmp_path)
+    db = str(tmp_path / "r.sqlite")
+    for args, says in [(["--shard", "3/3"], "0 <= I < N"), (["--shard", "a/b"], "I/N with integers"),
+                       (["--shard", "0/0"], "N >= 1"),
+                       (["--executor", "ray", "--jobs", "2"], "--cpus-per-run"),
+                       (["--address", "auto"], "--executor ray")]:
+        assert main(["run", str(matrix), "--db", db, "--quiet", *args]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err
+    (tmp_path / "junk.sqlite").write_text("not a database")
+    sqlite3.connect(tmp_path / "empty.sqlite").execute("CREATE TABLE t (a)").connection.commit()
+    for source, says in [("junk.sqlite", "cannot read"), ("empty.sqlite", "not a robustbn results store"),
+                         ("missing.sqlite", "no results store")]:
+        assert main(["merge", "--db", db, str(tmp_path / source)]) == 2
+        assert says in capsys.readouterr().err
+    assert main(["merge", "--db", db, db]) == 2 and "different target" in capsys.readouterr().err
+    assert not any(histories(db).values())  # nothing written by any of them
+
+
+def test_ray_executor_without_ray_says_how_to_install_it(tmp_path, capsys, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    assert main(["run", str(write(tmp_path)), "--db", str(tmp_path / "r.sqlite"), "--quiet", "--executor", "ray"]) == 2
+    assert "pip install 'robustbn[ray]'" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A Ray instance of this machine only: every Ray socket on 127.0.0.1 (the variable
+    makes Ray pick the loopback address, as it does on macOS and Windows)."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
+    assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_executor_gives_the_local_results_bit_for_bit(tmp_path, local_ray):
+    _, scenarios = load(write(tmp_path))
+    local, on_ray = Store(tmp_path / "local.sqlite"), Store(tmp_path / "ray.sqlite")
+    run_matrix(scenarios, local, progress=False)
+    summary = run_matrix(scenarios, on_ray, progress=False, executor="ray", ray_options=RayOptions(cpus_per_run=1))
+    assert summary.done == 8 and not summary.failed
+    local.close(), on_ray.close()
+    assert histories(tmp_path / "ray.sqlite") == histories(tmp_path / "local.sqlite")
+
+
+def _kill_first_task_worker(killed: list, stop: threading.Event) -> None:
+    """SIGKILL the first Ray worker seen running a robustbn task (Ray titles it ray::<function>)."""
+    while not stop.is_set() and not killed:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if cmdline.startswith(b"ray::_run_as_ray_task"):
+                time.sleep(1.0)  # mid-run, not at its first instruction
+                os.kill(int(pid), signal.SIGKILL)
+                killed.append(int(pid))
+                return
+        time.sleep(0.05)
+
+
+def test_ray_retries_a_killed_task_and_stores_each_run_once(tmp_path, local_ray):
+    long_runs = TINY.replace("rounds = 6", "rounds = 150").replace("eval_every = 3", "eval_every = 50")
+    _, scenarios = load(write(tmp_path, long_runs), ["norm=fbn", "bn_agg=median"])  # 2 runs (seeds)
+    killed, stop = [], threading.Event()
+    killer = threading.Thread(target=_kill_first_task_worker, args=(killed, stop))
+    killer.start()
+    store = Store(tmp_path / "ray.sqlite")
+    try:
+        summary = run_matrix(scenarios, store, progress=False, executor="ray", ray_options=RayOptions(retries=2))
+    finally:
+        stop.set()
+        killer.join()
+    store.close()
+    assert killed, "no Ray task was seen running"
+    assert summary.done == 2 and not summary.failed
+    with sqlite3.connect(tmp_path / "ray.sqlite") as con:
+        assert con.execute("SELECT count(*), count(DISTINCT hash), min(status), max(status) FROM runs").fetchone() \
+            == (2, 2, "done", "done")
+    local = Store(tmp_path / "local.sqlite")
+    run_matrix(scenarios, local, progress=False)
+    local.close()
+    assert histories(tmp_path / "ray.sqlite") == histories(tmp_path / "local.sqlite")
