@@ -118,13 +118,11 @@ def local_ray():
     ray.shutdown()
 
 
-def test_ray_executor_gives_the_local_results_bit_for_bit(tmp_path, local_ray):
-    _, scenarios = load(write(tmp_path))
-    local, on_ray = Store(tmp_path / "local.sqlite"), Store(tmp_path / "ray.sqlite")
-    run_matrix(scenarios, local, progress=False)
-    summary = run_matrix(scenarios, on_ray, progress=False, executor="ray", ray_options=RayOptions(cpus_per_run=1))
-    assert summary.done == 8 and not summary.failed
-    local.close(), on_ray.close()
+def test_ray_executor_gives_the_local_results_bit_for_bit(tmp_path, local_ray, capsys):
+    matrix = str(write(tmp_path))
+    assert main(["run", matrix, "--db", str(tmp_path / "local.sqlite"), "--quiet"]) == 0
+    assert main(["run", matrix, "--db", str(tmp_path / "ray.sqlite"), "--quiet", "--executor", "ray"]) == 0
+    assert "8 runs: 8 ran" in capsys.readouterr().out
     assert histories(tmp_path / "ray.sqlite") == histories(tmp_path / "local.sqlite")
 
 
