@@ -51,18 +51,28 @@ def sq_distances(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(d, nan=float("inf"), posinf=float("inf")).clamp_min_(0.0)
 
 
+def with_diagonal(d: torch.Tensor, value: float) -> torch.Tensor:
+    """Square `d` with its diagonal set to `value`, out of place (so torch.vmap batches it)."""
+    eye = torch.eye(d.shape[-1], dtype=torch.bool, device=d.device)
+    return d.masked_fill(eye, value)
+
+
 def pairwise_sq_distances(x: torch.Tensor) -> torch.Tensor:
     """(n, n) squared distances with an exact zero diagonal."""
-    d = sq_distances(x, x)
-    d.fill_diagonal_(0.0)
-    return d
+    return with_diagonal(sq_distances(x, x), 0.0)
+
+
+def smallest(x: torch.Tensor, k: int, dim: int) -> torch.Tensor:
+    """Indices of the k smallest entries along `dim`, ties broken by position: a stable sort,
+    because topk breaks ties differently on each device and under torch.vmap."""
+    return x.sort(dim=dim, stable=True).indices.narrow(dim, 0, k)
 
 
 def nearest_mean_weights(dist: torch.Tensor, k: int) -> torch.Tensor:
-    """Row-stochastic (r, n) weights: 1/k on each row's k nearest columns by `dist` (r, n)."""
-    idx = dist.topk(k, dim=1, largest=False).indices
-    w = torch.zeros_like(dist)
-    return w.scatter_(1, idx, 1.0 / k)
+    """Row-stochastic (r, n) weights: 1/k on each row's k nearest columns by `dist` (r, n),
+    ties broken by column order (`smallest`)."""
+    idx = smallest(dist, k, dim=1)
+    return torch.zeros_like(dist).scatter(1, idx, 1.0 / k)
 
 
 def device_generator(cache: dict, seed: int, device: torch.device) -> torch.Generator:
@@ -81,6 +91,7 @@ class Rule:
 
     name = "rule"
     sanitizes = True
+    random = False  # draws random numbers (then torch.vmap cannot batch it)
 
     def rows_out(self, n: int) -> int:
         return 1

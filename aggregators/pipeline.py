@@ -40,6 +40,21 @@ class Pipeline:
             n = step.rows_out(n)
         self.agg.rows_out(n)
 
+    @property
+    def random(self) -> bool:
+        """Whether a step draws random numbers (bucketing)."""
+        return any(step.random for step in self.pre + [self.agg])
+
+    def stacked(self, x: torch.Tensor) -> torch.Tensor:
+        """(b, n, d) -> (b, d): the pipeline on each of b stacked message sets, in one batched
+        call (torch.vmap). A random pipeline runs them one after another instead, each drawing
+        from its generator in turn, because vmap cannot draw from an explicit generator."""
+        if x.dim() != 3:
+            raise ValueError(f"{self.spec}: stacked messages must be a 3-D (b, n, d) tensor, got shape {tuple(x.shape)}")
+        if self.random:
+            return torch.stack([self(messages) for messages in x])
+        return torch.vmap(self)(x)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         check_messages(x, self.spec)
         self.check(x.shape[0])

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .base import Rule, check_f, device_generator, nearest_mean_weights, pairwise_sq_distances, working_dtype
+from .base import Rule, check_f, device_generator, nearest_mean_weights, sq_distances, with_diagonal, working_dtype
 
 
 class NNM(Rule):
@@ -25,8 +25,7 @@ class NNM(Rule):
         return n
 
     def apply(self, x):
-        dist = pairwise_sq_distances(x)
-        dist.fill_diagonal_(-1.0)  # each row always mixes itself in, even among exact duplicates
+        dist = with_diagonal(sq_distances(x, x), -1.0)  # each row always mixes itself in, even among exact duplicates
         w = nearest_mean_weights(dist, x.shape[0] - self.f)
         return w.to(x.dtype) @ x
 
@@ -37,6 +36,7 @@ class Bucketing(Rule):
     explicit generator (`generator`, or one per device seeded with `seed`)."""
 
     name = "bucketing"
+    random = True
 
     def __init__(self, s: int = 2, seed: int = 0, generator: torch.Generator | None = None):
         if isinstance(s, bool) or not isinstance(s, int) or s < 1:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Rule, check_f, nearest_mean_weights, pairwise_sq_distances, sq_distances
+from .base import Rule, check_f, nearest_mean_weights, pairwise_sq_distances, smallest, sq_distances
 
 
 def _sorted(x: torch.Tensor) -> torch.Tensor:
@@ -131,7 +131,7 @@ class MultiKrum(Rule):
 
     def apply(self, x):
         scores = krum_scores(x, self.f)
-        keep = scores.topk(self._m(x.shape[0]), largest=False).indices
+        keep = smallest(scores, self._m(x.shape[0]), dim=0)
         return x.index_select(0, keep).mean(0)
 
 
@@ -186,7 +186,7 @@ class Meamed(_HonestMajority):
 
     def apply(self, x):
         dev = (x - _median(x)).abs()
-        idx = dev.topk(x.shape[0] - self.f, dim=0, largest=False).indices
+        idx = smallest(dev, x.shape[0] - self.f, dim=0)  # ties: values either side of an even-n median
         return x.gather(0, idx).mean(0)
 
 

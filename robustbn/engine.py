@@ -4,8 +4,10 @@ bn_mean, bn_var), each attacked and robustly aggregated on its own.
 `Federation` holds the server state (weights theta, shared BN statistics), the honest
 clients' state (worker momentum, client-local parameters and statistics) and runs DSGD or
 FedAvg rounds. Honest clients are computed with one `torch.func.vmap` over
-`functional_call` + `grad(..., has_aux=True)` (`vectorized=True`), or, as the reference
-that tests compare against, with a plain Python loop over clients (`vectorized=False`).
+`functional_call` + `grad(..., has_aux=True)` (`vectorized=True`), or with a plain Python
+loop over clients (`vectorized=False`), the reference that tests compare against. The
+default picks per device: vmap on accelerators, the loop on the CPU, where per-client
+weight gradients under vmap run slower than ordinary convolutions (docs/performance.md).
 No host synchronization happens inside a round.
 """
 
@@ -77,9 +79,10 @@ class Channel:
 
 
 class Federation:
-    def __init__(self, sc: Scenario, data: Dataset, parts: list[np.ndarray], vectorized: bool = True):
-        self.sc, self.data, self.vectorized = sc, data, vectorized
+    def __init__(self, sc: Scenario, data: Dataset, parts: list[np.ndarray], vectorized: bool | None = None):
+        self.sc, self.data = sc, data
         self.device = torch.device(sc.device)
+        self.vectorized = self.device.type != "cpu" if vectorized is None else vectorized
         self.mode = sc.norm
         self.central = sc.norm == "central"
         self.h = 1 if self.central else sc.honest  # clients that compute
@@ -231,7 +234,16 @@ class Federation:
             self.mode, self.shared_mean, self.shared_var,
             self.mean_channel.messages(msg_mean), self.var_channel.messages(msg_var),
             self.count, self.sc.n, self.sc.bn_momentum,
-            self.mean_channel.pipeline, self.var_channel.pipeline, self.sc.hbn_lambda)
+            self.mean_channel.pipeline, self.var_channel.pipeline, self.sc.hbn_lambda, self._together)
+
+    def _together(self, calls):
+        """Independent aggregations of the BN channels in one batched pipeline call. Both BN
+        channels' pipelines come from the same spec and parameters, so any of them serves,
+        unless it is random (bucketing): each channel then draws from its own generator."""
+        pipeline = self.mean_channel.pipeline
+        if pipeline.random or len({x.shape for _, x in calls}) > 1:
+            return [agg(x) for agg, x in calls]
+        return list(pipeline.stacked(torch.stack([x for _, x in calls])))
 
     def _apply_local(self, grads_local, lr) -> None:
         """DSGD: client-local parameters (fedbn's BN affine, hbn's alpha) take their own

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 MODES = ("naive", "fbn", "fixbn", "hbn", "fedbn", "central", "gn")
@@ -46,24 +47,26 @@ class FedBatchNorm(nn.Module):
         self.count = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dims = [0] + list(range(2, x.dim()))
-        shape = (1, -1) + (1,) * (x.dim() - 2)
         if self.phase in ("eval", "frozen"):
-            mean, var = self.running_mean, self.running_var
-        else:
-            self.count = x.numel() // x.shape[1]
-            batch_mean, batch_var = x.mean(dims), x.var(dims, correction=0)
+            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
+        dims = [0] + list(range(2, x.dim()))
+        self.count = x.numel() // x.shape[1]
+        if self.mode == "hbn":  # the gradient flows through the batch part of the mix
+            batch_var, batch_mean = torch.var_mean(x, dims, correction=0)
             self.batch_stats = (batch_mean.detach(), batch_var.detach())
-            if self.mode == "fbn":
-                mean, var = self.running_mean.detach(), self.running_var.detach()
-            elif self.mode == "hbn":
-                s = torch.sigmoid(self.alpha)
-                mean = (1 - s) * batch_mean + s * self.running_mean.detach()
-                var = (1 - s) * batch_var + s * self.running_var.detach()
-            else:
-                mean, var = batch_mean, batch_var
-        scale = self.weight * torch.rsqrt(var + self.eps)
-        return (x - mean.view(shape)) * scale.view(shape) + self.bias.view(shape)
+            s = torch.sigmoid(self.alpha)
+            mean = (1 - s) * batch_mean + s * self.running_mean.detach()
+            var = (1 - s) * batch_var + s * self.running_var.detach()
+            shape = (1, -1) + (1,) * (x.dim() - 2)
+            scale = self.weight * torch.rsqrt(var + self.eps)
+            return (x - mean.view(shape)) * scale.view(shape) + self.bias.view(shape)
+        with torch.no_grad():  # what the client reports; the normalization below has its own
+            batch_var, batch_mean = torch.var_mean(x, dims, correction=0)
+        self.batch_stats = (batch_mean, batch_var)
+        if self.mode == "fbn":  # the shared running statistics, constants
+            return F.batch_norm(x, self.running_mean.detach(), self.running_var.detach(), self.weight, self.bias,
+                                False, 0.0, self.eps)
+        return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)  # batch statistics
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, mode={self.mode}, eps={self.eps}"
@@ -120,36 +123,44 @@ def keep_finite(new: torch.Tensor, old: torch.Tensor, floor: float | None = None
     return out.clamp_min(floor) if floor is not None else out
 
 
-def fbn_server_stats(msg_mean, msg_var, count, n: int, beta: float, agg_mean: Aggregate, agg_var: Aggregate):
+def one_by_one(calls: list[tuple[Aggregate, torch.Tensor]]) -> list[torch.Tensor]:
+    """Run independent aggregations [(pipeline, messages), ...]; an engine may pass a
+    `together` that batches them into one call instead."""
+    return [agg(messages) for agg, messages in calls]
+
+
+def fbn_server_stats(msg_mean, msg_var, count, n: int, beta: float, agg_mean: Aggregate, agg_var: Aggregate,
+                     together=one_by_one):
     """Seed 002, Algorithm 2 lines 9-10, with the channels' pipelines in place of each average:
     mu = Agg(mu_i), var = Agg(var_i) + Kn/((Kn-1) beta) Agg((mu_i - mu)^2). The correction
     term is built from the bn_mean messages, so it goes through the bn_mean pipeline."""
     mean = agg_mean(msg_mean)
     kn = count * n
-    var = agg_var(msg_var) + kn / ((kn - 1) * beta) * agg_mean((msg_mean - mean) ** 2)
-    return mean, var
+    var, spread = together([(agg_var, msg_var), (agg_mean, (msg_mean - mean) ** 2)])
+    return mean, var + kn / ((kn - 1) * beta) * spread
 
 
-def hbn_server_stats(msg_mean, msg_var, count, agg_mean: Aggregate, agg_var: Aggregate):
+def hbn_server_stats(msg_mean, msg_var, count, agg_mean: Aggregate, agg_var: Aggregate, together=one_by_one):
     """Seed 003, Eq. 8 for equal client sizes N_k = K (N = K n): mu = Agg(mu_k),
     var = N/(N-1) (Agg(var_k) + Agg((mu_k - mu)^2))."""
     mean = agg_mean(msg_mean)
     total = count * msg_mean.shape[0]
-    var = total / (total - 1) * (agg_var(msg_var) + agg_mean((msg_mean - mean) ** 2))
-    return mean, var
+    var, spread = together([(agg_var, msg_var), (agg_mean, (msg_mean - mean) ** 2)])
+    return mean, total / (total - 1) * (var + spread)
 
 
 def server_stats(mode: str, shared_mean, shared_var, msg_mean, msg_var, count, n: int, beta: float,
-                 agg_mean: Aggregate, agg_var: Aggregate, hbn_lambda: float = 0.01):
-    """New shared statistics from the n stacked messages (n, C) of each BN channel."""
+                 agg_mean: Aggregate, agg_var: Aggregate, hbn_lambda: float = 0.01, together=one_by_one):
+    """New shared statistics from the n stacked messages (n, C) of each BN channel.
+    `together` runs aggregations that do not depend on each other (default: one by one)."""
     if mode == "fbn":
-        mean, var = fbn_server_stats(msg_mean, msg_var, count, n, beta, agg_mean, agg_var)
+        mean, var = fbn_server_stats(msg_mean, msg_var, count, n, beta, agg_mean, agg_var, together)
     elif mode == "hbn":
-        mean, var = hbn_server_stats(msg_mean, msg_var, count, agg_mean, agg_var)
+        mean, var = hbn_server_stats(msg_mean, msg_var, count, agg_mean, agg_var, together)
         mean = (1 - hbn_lambda) * shared_mean + hbn_lambda * mean
         var = (1 - hbn_lambda) * shared_var + hbn_lambda * var
     elif mode in ("naive", "fixbn", "central"):
-        mean, var = agg_mean(msg_mean), agg_var(msg_var)
+        mean, var = together([(agg_mean, msg_mean), (agg_var, msg_var)])
     else:
         raise ValueError(f"mode {mode!r} sends no statistics to the server")
     return keep_finite(mean, shared_mean), keep_finite(var, shared_var, floor=0.0)

@@ -28,9 +28,10 @@ class Result:
 
 
 def run(scenario: Scenario | dict[str, Any], data: Dataset | None = None, progress=None,
-        vectorized: bool = True) -> Result:
+        vectorized: bool | None = None) -> Result:
     """Run one scenario. `data` reuses an already loaded dataset (same name, on the scenario's
-    device); `progress(round)` is called after each round (e.g. a progress bar's update)."""
+    device); `progress(round)` is called after each round (e.g. a progress bar's update);
+    `vectorized` picks vmap (True) or the per-client loop (False), default by device."""
     sc = scenario if isinstance(scenario, Scenario) else Scenario.from_dict(scenario)
     sc.validated()
     start = time.perf_counter()

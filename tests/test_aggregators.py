@@ -178,6 +178,27 @@ def test_pipeline_equals_manual_composition(spec, nf, d, seed):
     torch.testing.assert_close(A.build(spec, f=f)(x), steps.agg(manual), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("spec", ALL + PIPELINES)
+@given(nf=n_f, d=st.integers(2, 12), b=st.integers(1, 4), seed=seeds, poison=st.booleans())
+def test_stacked_equals_one_call_per_message_set(spec, nf, d, b, seed, poison):
+    """The batched (torch.vmap) call is the same computation as b separate calls; a random
+    pipeline (bucketing) draws for the b sets in turn, as b separate calls would. (d >= 2:
+    on a line, NNM's outputs can tie exactly in Krum's scores between different rows, and
+    rounding, which differs between kernels, then picks the winner.)"""
+    n, f = nf
+    x = torch.randn(b, n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    if poison:
+        x[:, :f] = float("nan")
+    one_by_one = A.build(spec, f=f)
+    expected = torch.stack([one_by_one(messages) for messages in x])
+    torch.testing.assert_close(A.build(spec, f=f).stacked(x), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_stacked_needs_three_dimensions():
+    with pytest.raises(ValueError, match=r"nnm\+median: stacked messages must be a 3-D \(b, n, d\) tensor"):
+        A.build("nnm+median", f=1).stacked(torch.zeros(5, 3))
+
+
 # ---- hostile input ---------------------------------------------------------------------
 
 BIG = float(np.float32(9.9e37))

@@ -123,3 +123,18 @@ def test_fbn_layer_sends_no_gradient_through_the_shared_statistics():
     x = torch.randn(8, 2, requires_grad=True)
     layer(x).sum().backward()
     torch.testing.assert_close(x.grad, torch.ones_like(x) / math.sqrt(1 + layer.eps))
+
+
+@pytest.mark.parametrize("mode", ["naive", "fbn", "hbn"])
+@given(n=st.integers(5, 12), c=st.integers(1, 20), seed=st.integers(0, 2**31 - 1))
+def test_server_statistics_batched_equal_one_by_one(mode, n, c, seed):
+    """The engine's batched call of the independent BN aggregations changes nothing."""
+    import aggregators
+    g = torch.Generator().manual_seed(seed)
+    msg_mean, msg_var = torch.randn(n, c, generator=g, dtype=torch.float64), torch.rand(n, c, generator=g, dtype=torch.float64)
+    agg = aggregators.build("nnm+median", f=2)
+    together = lambda calls: list(agg.stacked(torch.stack([x for _, x in calls])))
+    args = (mode, torch.zeros(c, dtype=torch.float64), torch.ones(c, dtype=torch.float64), msg_mean, msg_var,
+            torch.full((c,), 50.0, dtype=torch.float64), n, 0.1, agg, agg)
+    for batched, plain in zip(server_stats(*args, together=together), server_stats(*args)):
+        torch.testing.assert_close(batched, plain, rtol=1e-12, atol=1e-12)
