@@ -79,8 +79,11 @@ class Channel:
 
 
 class Federation:
-    def __init__(self, sc: Scenario, data: Dataset, parts: list[np.ndarray], vectorized: bool | None = None):
-        self.sc, self.data = sc, data
+    def __init__(self, sc: Scenario, data: Dataset, parts: list[np.ndarray], vectorized: bool | None = None,
+                 client_chunk: int | None = None):
+        """`client_chunk`: vmap over at most that many clients at a time (bounds activation
+        memory for hundreds or thousands of clients; the results do not change)."""
+        self.sc, self.data, self.client_chunk = sc, data, client_chunk
         self.device = torch.device(sc.device)
         self.vectorized = self.device.type != "cpu" if vectorized is None else vectorized
         self.mode = sc.norm
@@ -175,7 +178,8 @@ class Federation:
         if self.vectorized:
             fn = grad(self._forward_loss, argnums=(0, 1), has_aux=True)
             in_dims = (0 if theta_batched else None, 0, 0 if buffers_batched else None, 0, 0)
-            return vmap(fn, in_dims=in_dims, randomness="different")(theta, local, buffers, x, y)
+            return vmap(fn, in_dims=in_dims, randomness="different", chunk_size=self.client_chunk)(
+                theta, local, buffers, x, y)
         results = []
         for i in range(x.shape[0]):
             th = {k: (v[i] if theta_batched else v).detach().requires_grad_() for k, v in theta.items()}
@@ -197,8 +201,8 @@ class Federation:
             return collect_batch_stats(self.layers)
         with torch.no_grad():
             if self.vectorized:
-                return vmap(stats, in_dims=(0 if theta_batched else None, 0, None, 0), randomness="different")(
-                    theta, local, buffers, x)
+                return vmap(stats, in_dims=(0 if theta_batched else None, 0, None, 0), randomness="different",
+                            chunk_size=self.client_chunk)(theta, local, buffers, x)
             out = [stats({k: (v[i] if theta_batched else v) for k, v in theta.items()},
                          {k: v[i] for k, v in local.items()}, buffers, x[i]) for i in range(x.shape[0])]
             return torch.stack([o[0] for o in out]), torch.stack([o[1] for o in out])

@@ -19,7 +19,7 @@ def synthetic():
     return load_dataset("synthetic-images")
 
 
-def federation(vectorized=True, **overrides):
+def federation(vectorized=True, client_chunk=None, **overrides):
     values = dict(dataset="synthetic-images", model="simple-cnn", norm="fbn", n=4, f=1, rounds=6, batch_size=8,
                   lr=0.05, momentum=0.5, weight_decay=1e-3, partition="gamma", gamma=0.0, grad_attack="alie",
                   bn_attack="sf", grad_agg="nnm+trmean", bn_agg="nnm+median", seed=3)
@@ -33,7 +33,25 @@ def federation(vectorized=True, **overrides):
     sc = Scenario.from_dict(values)
     data = synthetic()
     parts = partition(data.y_train.numpy(), sc.honest, sc.partition, sc.gamma, sc.alpha, sc.seed)
-    return Federation(sc, data, parts, vectorized=vectorized)
+    return Federation(sc, data, parts, vectorized=vectorized, client_chunk=client_chunk)
+
+
+@pytest.mark.parametrize("algorithm", ["dsgd", "fedavg"])
+@pytest.mark.parametrize("norm", ["fbn", "hbn"])
+def test_chunked_client_axis_changes_nothing(norm, algorithm):
+    whole, chunked = (federation(True, chunk, norm=norm, algorithm=algorithm, n=8, f=1) for chunk in (None, 3))
+    for _ in range(3):
+        whole.step()
+        chunked.step()
+    a, b = state(whole), state(chunked)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5, msg=k)
+
+
+def test_default_path_is_the_loop_on_the_cpu():
+    sc = Scenario.from_dict(dict(dataset="synthetic-images", n=3))
+    parts = partition(synthetic().y_train.numpy(), sc.honest, sc.partition, sc.gamma, sc.alpha, sc.seed)
+    assert Federation(sc, synthetic(), parts).vectorized is False
 
 
 def state(fed):
