@@ -31,20 +31,30 @@ def pivot(rows, row_key, col_key, title):
         print(f"| {r} | " + " | ".join(cell(table[r, c]) for c in cols) + " |")
 
 
+def cpu_schedule(r) -> bool:
+    """The scaled-down DSGD setting of fbn_fig3_fmnist.toml and fbn_fig4_fmnist.toml."""
+    return (r["algorithm"] == "dsgd" and r["partition"] == "gamma" and r["model"] == "simple-cnn"
+            and r["rounds"] == 200 and r["n"] == 10 and r["batch_size"] == 50 and r["bn_momentum"] == 0.1)
+
+
 def main(db):
     rows = [r for r in Store(db).rows(status="done")]
-    fig3 = [r for r in rows if r["algorithm"] == "dsgd" and r["f"] == 0 and r["partition"] == "gamma"
-            and r["bn_agg"] == "mean" and r["gamma"] in (0.0, 0.1, 1.0) and r["norm"] not in ()]
-    fig3 = [r for r in fig3 if len({x["norm"] for x in fig3}) > 2]
+    fig3 = [r for r in rows if cpu_schedule(r) and r["f"] == 0 and r["bn_agg"] == "mean"]
     pivot(fig3, lambda r: r["norm"], lambda r: f"gamma = {r['gamma']}",
           "Figure 3 (Fashion-MNIST): final test accuracy (%), no attack")
-    fig4 = [r for r in rows if r["algorithm"] == "dsgd" and r["norm"] in ("naive", "fbn") and r["gamma"] in (0.0, 0.01)
-            and r["partition"] == "gamma" and (r["f"] == 3 or (r["f"] == 0 and r["bn_agg"] == "mean"))
-            and r["model"] == "simple-cnn" and r["rounds"] == 200]
+    fig4 = [r for r in rows if cpu_schedule(r) and r["norm"] in ("naive", "fbn") and r["gamma"] in (0.0, 0.01)
+            and (r["f"] == 3 or (r["f"] == 0 and r["bn_agg"] == "mean"))]
     pivot(fig4, lambda r: f"{r['norm']}, gamma = {r['gamma']}",
           lambda r: "no attack (10 honest)" if r["f"] == 0 else "no attack (7 honest)" if r["bn_attack"] == "none"
           else f"{r['bn_attack']} / {r['bn_agg']}",
           "Figure 4 and C.3 (Fashion-MNIST): final test accuracy (%), f = 3 of 10 attack the BN statistics (attack / defense)")
+    gap = [r for r in rows if r["algorithm"] == "dsgd" and r["partition"] == "gamma" and r["gamma"] == 0.0
+           and r["norm"] in ("fbn", "central") and r["bn_agg"] == "mean" and r["seed"] == 0
+           and r["model"] == "simple-cnn" and (r["rounds"] == 1500 or (r["rounds"] == 200 and r["f"] == 0))]
+    pivot(gap, lambda r: f"{r['norm']}, n = {r['n']} x batch {r['batch_size']}, beta = {r['bn_momentum']}"
+          + (", SF on the statistics, undefended" if r["f"] else ""),
+          lambda r: "T = 200, momentum 0.9" if r["rounds"] == 200 else "T = 1500, momentum 0.99 (paper)",
+          "FBN against centralized BN at gamma = 0: final test accuracy (%), seed 0")
     for partition, title in (("dirichlet", "Seed 003's setting (FedAvg, Dirichlet 0.6, batch 8)"),
                              ("feature-shift", "Feature shift (seed 004's setting)")):
         part = [r for r in rows if r["algorithm"] == "fedavg" and r["partition"] == partition]
