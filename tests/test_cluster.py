@@ -32,6 +32,17 @@ def write(tmp_path, text=TINY):
     return path
 
 
+@pytest.fixture
+def one_thread():
+    """Bit-for-bit equality needs the same torch thread count on both sides (reductions split
+    by thread): Ray tasks run with --cpus-per-run = 1 thread, so the local side does too."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def histories(db) -> dict:
     store = Store(db)
     out = {r["hash"]: (r["status"], r["history"]) for r in store.rows()}
@@ -118,7 +129,7 @@ def local_ray():
     ray.shutdown()
 
 
-def test_ray_executor_gives_the_local_results_bit_for_bit(tmp_path, local_ray, capsys):
+def test_ray_executor_gives_the_local_results_bit_for_bit(tmp_path, local_ray, capsys, one_thread):
     matrix = str(write(tmp_path))
     assert main(["run", matrix, "--db", str(tmp_path / "local.sqlite"), "--quiet"]) == 0
     assert main(["run", matrix, "--db", str(tmp_path / "ray.sqlite"), "--quiet", "--executor", "ray"]) == 0
@@ -142,7 +153,7 @@ def _kill_first_task_worker(killed: list, stop: threading.Event) -> None:
         time.sleep(0.05)
 
 
-def test_ray_retries_a_killed_task_and_stores_each_run_once(tmp_path, local_ray):
+def test_ray_retries_a_killed_task_and_stores_each_run_once(tmp_path, local_ray, one_thread):
     long_runs = TINY.replace("rounds = 6", "rounds = 150").replace("eval_every = 3", "eval_every = 50")
     _, scenarios = load(write(tmp_path, long_runs), ["norm=fbn", "bn_agg=median"])  # 2 runs (seeds)
     killed, stop = [], threading.Event()

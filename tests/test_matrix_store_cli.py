@@ -151,9 +151,15 @@ def test_kill_9_loses_only_the_run_in_flight(tmp_path):
 
 
 def test_jobs_run_scenarios_in_parallel_processes_with_the_same_results(tmp_path, capsys):
+    import torch
     matrix = write(tmp_path, TINY)
     serial, parallel = str(tmp_path / "a.sqlite"), str(tmp_path / "b.sqlite")
-    assert main(["run", str(matrix), "--db", serial, "--quiet"]) == 0
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))  # what each of the 2 workers gets: same reductions
+    try:
+        assert main(["run", str(matrix), "--db", serial, "--quiet"]) == 0
+    finally:
+        torch.set_num_threads(before)
     assert main(["run", str(matrix), "--db", parallel, "--quiet", "--jobs", "2"]) == 0
     rows = lambda path: {r["hash"]: r["history"] for r in Store(path).rows()}
     assert rows(serial) == rows(parallel)
