@@ -127,7 +127,7 @@ def cmd_merge(args) -> int:
             print(f"{path}: {c['added']} added, {c['replaced']} replaced unfinished runs, {c['kept']} already here"
                   + (f" ({c['differing']} done in both with different histories: kept this store's)"
                      if c["differing"] else ""))
-        print(f"{len(store.rows())} runs in {args.db}")
+        print(f"{len(store)} runs in {args.db}")
     finally:
         store.close()
     return 0

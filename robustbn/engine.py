@@ -245,7 +245,7 @@ class Federation:
         channels' pipelines come from the same spec and parameters, so any of them serves,
         unless it is random (bucketing): each channel then draws from its own generator."""
         pipeline = self.mean_channel.pipeline
-        if pipeline.random or len({x.shape for _, x in calls}) > 1:
+        if pipeline.random:
             return [agg(x) for agg, x in calls]
         return list(pipeline.stacked(torch.stack([x for _, x in calls])))
 

@@ -14,6 +14,7 @@ import json
 import platform
 import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -74,6 +75,9 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
+    def __len__(self) -> int:
+        return self.db.execute("SELECT count(*) FROM runs").fetchone()[0]
+
     def status(self, run_hash: str) -> str | None:
         row = self.db.execute("SELECT status FROM runs WHERE hash = ?", (run_hash,)).fetchone()
         return row[0] if row else None
@@ -110,12 +114,11 @@ class Store:
         if not source.is_file():
             raise StoreError(f"merge: no results store at {source}")
         try:
-            other = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
-            columns = [c[1] for c in other.execute("PRAGMA table_info(runs)")]
-            if "hash" not in columns or "status" not in columns:
-                raise StoreError(f"merge: {source} is not a robustbn results store (it has no runs table)")
-            incoming = [dict(zip(columns, r)) for r in other.execute(f"SELECT {', '.join(columns)} FROM runs")]
-            other.close()
+            with closing(sqlite3.connect(f"file:{source}?mode=ro", uri=True)) as other:
+                columns = [c[1] for c in other.execute("PRAGMA table_info(runs)")]
+                if "hash" not in columns or "status" not in columns:
+                    raise StoreError(f"merge: {source} is not a robustbn results store (it has no runs table)")
+                incoming = [dict(zip(columns, r)) for r in other.execute(f"SELECT {', '.join(columns)} FROM runs")]
         except sqlite3.DatabaseError as e:
             raise StoreError(f"merge: cannot read {source} as a results store: {e}") from None
         mine = [c[1] for c in self.db.execute("PRAGMA table_info(runs)")]

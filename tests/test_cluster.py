@@ -16,7 +16,7 @@ from robustbn.execute import RayOptions, in_shard, run_matrix
 from robustbn.matrix import load
 from robustbn.store import Store, scenario_hash
 
-from matrices import TINY_RUN
+from matrices import TINY_RUN, torch_threads
 
 TINY = TINY_RUN + """norm = ["naive", "fbn"]
 f = 1
@@ -34,13 +34,9 @@ def write(tmp_path, text=TINY):
 
 @pytest.fixture
 def one_thread():
-    """Bit-for-bit equality needs the same torch thread count on both sides (reductions split
-    by thread): Ray tasks run with --cpus-per-run = 1 thread, so the local side does too."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    """Ray tasks run with --cpus-per-run = 1 thread, so the local side does too."""
+    with torch_threads(1):
+        yield
 
 
 def histories(db) -> dict:

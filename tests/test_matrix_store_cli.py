@@ -15,7 +15,7 @@ from robustbn.cli import main
 from robustbn.matrix import MatrixError, expand, load, parse_override
 from robustbn.store import Store, scenario_hash
 
-from matrices import TINY_RUN
+from matrices import TINY_RUN, torch_threads
 
 ROOT = Path(__file__).parent.parent
 TINY = TINY_RUN + """norm = ["naive", "fbn"]
@@ -151,15 +151,10 @@ def test_kill_9_loses_only_the_run_in_flight(tmp_path):
 
 
 def test_jobs_run_scenarios_in_parallel_processes_with_the_same_results(tmp_path, capsys):
-    import torch
     matrix = write(tmp_path, TINY)
     serial, parallel = str(tmp_path / "a.sqlite"), str(tmp_path / "b.sqlite")
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))  # what each of the 2 workers gets: same reductions
-    try:
+    with torch_threads(max(1, (os.cpu_count() or 1) // 2)):  # what each of the 2 workers gets
         assert main(["run", str(matrix), "--db", serial, "--quiet"]) == 0
-    finally:
-        torch.set_num_threads(before)
     assert main(["run", str(matrix), "--db", parallel, "--quiet", "--jobs", "2"]) == 0
     rows = lambda path: {r["hash"]: r["history"] for r in Store(path).rows()}
     assert rows(serial) == rows(parallel)
