@@ -33,6 +33,19 @@ class Attack:
         return f"{type(self).__name__}({args})"
 
 
+def mean_and_std(honest: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-coordinate mean and sample standard deviation (divisor h - 1; 0 when h = 1).
+
+    Two passes by hand: on the CPU, torch.std along the client axis of an (h, d) tensor runs
+    about 7x slower (measured at h = 7, d = 99k), and it sat on every round's critical path.
+    Half-precision inputs are computed in float32, as torch.std does.
+    """
+    x = honest.float() if honest.dtype in (torch.float16, torch.bfloat16) else honest
+    mean = x.mean(0)
+    var = (x - mean).square_().sum(0) / max(x.shape[0] - 1, 1)
+    return mean.to(honest.dtype), var.sqrt_().to(honest.dtype)
+
+
 def repeat(row: torch.Tensor, f: int) -> torch.Tensor:
     """f identical Byzantine messages (a fresh tensor: callers may write into it)."""
     return row.unsqueeze(0).repeat(f, 1)

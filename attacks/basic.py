@@ -6,7 +6,7 @@ from statistics import NormalDist
 
 import torch
 
-from .base import Attack, Generated, repeat
+from .base import Attack, Generated, mean_and_std, repeat
 
 
 class SignFlipping(Attack):
@@ -55,8 +55,8 @@ class ALittleIsEnough(Attack):
     def forge(self, honest, f):
         h = honest.shape[0]
         z = alie_z(h + f, f) if self.z is None else float(self.z)
-        std = honest.std(0, correction=1 if h > 1 else 0)
-        return repeat(honest.mean(0) - z * std, f)
+        mean, std = mean_and_std(honest)
+        return repeat(mean - z * std, f)
 
 
 class Gaussian(Attack, Generated):

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from .base import Attack, repeat
+from .base import Attack, mean_and_std, repeat
 from .basic import alie_z
 
 Aggregate = Callable[[torch.Tensor], torch.Tensor]
@@ -65,8 +65,8 @@ class OptimalALIE(_LineSearch):
         super().__init__(pipeline, low, high, steps)
 
     def direction(self, honest, f):
-        h = honest.shape[0]
-        return honest.mean(0), -honest.std(0, correction=1 if h > 1 else 0)
+        mean, std = mean_and_std(honest)
+        return mean, -std
 
 
 __all__ = ["OptimalFOE", "OptimalALIE", "alie_z"]

@@ -194,19 +194,6 @@ class Federation:
         aux = tuple(torch.stack([r[2][j] for r in results]) for j in range(len(results[0][2])))
         return (grads_theta, grads_local), aux
 
-    def _measure(self, theta, local, buffers, x, theta_batched: bool):
-        """HBN: per-client statistics of the data under the current weights, forward only."""
-        def stats(th, lo, bu, xb):
-            functional_call(self.model, {**th, **lo, **bu}, (xb,))
-            return collect_batch_stats(self.layers)
-        with torch.no_grad():
-            if self.vectorized:
-                return vmap(stats, in_dims=(0 if theta_batched else None, 0, None, 0), randomness="different",
-                            chunk_size=self.client_chunk)(theta, local, buffers, x)
-            out = [stats({k: (v[i] if theta_batched else v) for k, v in theta.items()},
-                         {k: v[i] for k, v in local.items()}, buffers, x[i]) for i in range(x.shape[0])]
-            return torch.stack([o[0] for o in out]), torch.stack([o[1] for o in out])
-
     def _sample(self, clients: torch.Tensor | None = None):
         """(h, batch, ...) inputs and labels: each honest client's mini-batch, through its
         feature-shift transform and the augmentation when those are on."""
@@ -275,8 +262,6 @@ class Federation:
         x, y = self._sample()
         fedbn = self.mode == "fedbn"
         buffers = self._buffers(self.local_mean, self.local_var) if fedbn else self._buffers(self.shared_mean, self.shared_var)
-        if self.mode == "hbn":
-            measured = self._measure(self.theta, self.local, buffers, x, theta_batched=False)
         (g_theta, g_local), aux = self._client_grads(self.theta, self.local, buffers, x, y,
                                                      theta_batched=False, buffers_batched=fedbn)
         self.train_loss_sum += aux[0].mean()
@@ -292,8 +277,8 @@ class Federation:
         self.theta = _unflat(flat_theta - lr * update, self.theta, 0)
         self._apply_local(g_local, lr)
 
-        if self.mode == "hbn":
-            self._server_stats(*measured)
+        if self.mode == "hbn" and len(aux) == 3:  # measured under the weights received (see _fedavg_round)
+            self._server_stats(aux[1], aux[2])
         elif fedbn and len(aux) == 3:
             self.local_mean, self.local_var = client_running_stats(
                 "fedbn", self.local_mean, self.local_var, aux[1], aux[2], self.count, sc.n, sc.bn_momentum)
@@ -316,9 +301,7 @@ class Federation:
             run_mean = self.shared_mean.expand(m, -1)
             run_var = self.shared_var.expand(m, -1)
         shared_buffers = self._buffers(self.shared_mean, self.shared_var)
-        if self.mode == "hbn":
-            x0, _ = self._sample(clients)
-            measured = self._measure(theta, local, shared_buffers, x0, theta_batched=True)
+        measured = None
         velocity = {k: torch.zeros_like(v) for k, v in {**theta, **local}.items()}
         for _ in range(sc.local_steps):
             x, y = self._sample(clients)
@@ -326,11 +309,16 @@ class Federation:
             (g_theta, g_local), aux = self._client_grads(theta, local, buffers, x, y,
                                                          theta_batched=True, buffers_batched=fedbn)
             self.train_loss_sum += aux[0].mean() / sc.local_steps
+            if self.mode == "hbn" and measured is None and len(aux) == 3:
+                # HBN's "statistics of the client's data under the received weights, forward
+                # only" (seed 003): the first local step's forward is that very pass, on a
+                # fresh mini-batch, so no separate measuring pass is needed.
+                measured = aux[1], aux[2]
             for params, grads in ((theta, g_theta), (local, g_local)):
                 for k, g in grads.items():
                     velocity[k] = sc.momentum * velocity[k] + g + sc.weight_decay * params[k]
                     params[k] = params[k] - lr * velocity[k]
-            if len(aux) == 3 and (fedbn or self.sends_stats):
+            if len(aux) == 3 and (fedbn or (self.sends_stats and self.mode != "hbn")):
                 run_mean, run_var = client_running_stats(self.mode, run_mean, run_var, aux[1], aux[2],
                                                          self.count, sc.n, sc.bn_momentum)
         deltas = _flat(theta, 1) - _flat(self.theta, 0)
@@ -346,7 +334,7 @@ class Federation:
                 self.local_mean, self.local_var = run_mean, run_var
             else:
                 self.local_mean[clients], self.local_var[clients] = run_mean, run_var
-        elif self.mode == "hbn":
+        elif self.mode == "hbn" and measured is not None:
             self._server_stats(*measured)
         elif self.sends_stats:
             self._server_stats(run_mean, run_var)

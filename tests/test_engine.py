@@ -116,6 +116,36 @@ def test_fbn_shared_statistics_equal_centralized_bn_on_the_union_batch():
         torch.testing.assert_close(fed.shared_var, want_var, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("algorithm", ["dsgd", "fedavg"])
+def test_hbn_server_pools_statistics_measured_under_the_received_weights(algorithm):
+    """Seed 003: each client measures its data's statistics under the weights it received
+    (forward only, its own alpha, the global statistics), before any local update; the server
+    pools them with N/(N-1) and takes an EMA with lambda. The measurement is the round's first
+    forward pass, so it sees the round's first mini-batch."""
+    fed = federation(norm="hbn", algorithm=algorithm, f=0, grad_attack="none", bn_attack="none", grad_agg="mean",
+                     bn_agg="mean", n=4, hbn_lambda=0.3)
+    for _ in range(3):
+        state_before = fed.gen.get_state()
+        x, _ = fed._sample()
+        fed.gen.set_state(state_before)
+        set_phase(fed.model, "train")
+        buffers = fed._buffers(fed.shared_mean, fed.shared_var)
+        with torch.no_grad():
+            measured = []
+            for i in range(fed.h):
+                functional_call(fed.model, {**fed.theta, **{k: v[i] for k, v in fed.local.items()}, **buffers}, (x[i],))
+                measured.append(collect_batch_stats(fed.layers))
+        means, variances = (torch.stack(m) for m in zip(*measured))
+        total = fed.count * fed.h
+        pooled_mean = means.mean(0)
+        pooled_var = total / (total - 1) * (variances.mean(0) + ((means - pooled_mean) ** 2).mean(0))
+        want_mean = 0.7 * fed.shared_mean + 0.3 * pooled_mean
+        want_var = 0.7 * fed.shared_var + 0.3 * pooled_var
+        fed.step()
+        torch.testing.assert_close(fed.shared_mean, want_mean, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(fed.shared_var, want_var, rtol=1e-4, atol=1e-5)
+
+
 def record_messages(fed):
     seen = {"grad": [], "bn": []}
     for name, channel in (("grad", fed.grad_channel), ("bn", fed.mean_channel), ("bn", fed.var_channel)):
