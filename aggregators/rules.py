@@ -8,13 +8,47 @@ are checked on the host before any kernel runs.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .base import Rule, check_f, nearest_mean_weights, pairwise_sq_distances, smallest, sq_distances
 
 
+# On the CPU, torch.sort along the client axis is slow: a sorting network of elementwise
+# min/max over whole rows is 4-10x faster for n <= 64 and still 2.4x at n = 256 when rows are
+# long (d = 98k), while for short rows (d = 1000) the per-comparator overhead loses.
+NETWORK_MAX_ROWS = 256
+NETWORK_MIN_COLUMNS = 4096
+
+
+@functools.lru_cache(maxsize=None)
+def batcher_pairs(n: int) -> tuple[tuple[int, int], ...]:
+    """Comparators (i, j), i < j, of Batcher's odd-even merge sort for n inputs: the network
+    for the next power of two without the comparators that touch the padding (padding with
+    +inf, those never swap)."""
+    size, pairs, p = 1 << max(n - 1, 0).bit_length(), [], 1
+    while p < size:
+        k = p
+        while k >= 1:
+            for j in range(k % p, size - k, 2 * k):
+                for i in range(min(k, size - j - k)):
+                    if (i + j) // (2 * p) == (i + j + k) // (2 * p) and i + j + k < n:
+                        pairs.append((i + j, i + j + k))
+            k //= 2
+        p *= 2
+    return tuple(pairs)
+
+
 def _sorted(x: torch.Tensor) -> torch.Tensor:
-    return torch.sort(x, dim=0).values
+    """x sorted along the client axis (dim 0), values only. Input is sanitized (no NaN)."""
+    n = x.shape[0]
+    if x.device.type != "cpu" or n > NETWORK_MAX_ROWS or x[0].numel() < NETWORK_MIN_COLUMNS:
+        return torch.sort(x, dim=0).values
+    rows = list(x.unbind(0))
+    for i, j in batcher_pairs(n):
+        rows[i], rows[j] = torch.minimum(rows[i], rows[j]), torch.maximum(rows[i], rows[j])
+    return torch.stack(rows)
 
 
 def _median(x: torch.Tensor) -> torch.Tensor:

@@ -37,17 +37,21 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def seconds(fn, device, warmup, repeats):
-    for _ in range(warmup):
-        fn()
+def seconds(fns, device, warmup, repeats):
+    """Median seconds of each function, timed interleaved (a, b, a, b, ...) so that drifting
+    load on a shared machine hits every column of a row alike."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
     sync(device)
-    times = []
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, bucket in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            bucket.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def torch_bn(model: nn.Module) -> nn.Module:
@@ -100,22 +104,20 @@ def main():
               f"{other} / engine |")
         print("|---|---|---|---|---|---|---|")
         for model in args.models:
-            central = seconds(centralized_step(model, data, args.n - args.f, args.batch, dev), dev, 2, args.repeats)
+            central = centralized_step(model, data, args.n - args.f, args.batch, dev)
             for norm in args.norms:
                 sc = Scenario.from_dict(dict(
                     dataset=data.name, model=model, norm=norm, n=args.n, f=args.f, batch_size=args.batch, momentum=0.9,
                     rounds=10**6, grad_attack="alie", bn_attack="none" if norm in ("fedbn", "gn") else "sf",
                     grad_agg="nnm+median", bn_agg="nnm+median", partition="gamma", gamma=0.0, device=str(dev)))
                 parts = partition(data.y_train.cpu().numpy(), sc.honest, "gamma", 0.0, seed=0)
-                engine = seconds(Federation(sc, data, parts).step, dev, 2, args.repeats)
-                if args.no_other:
-                    alternative = ratio = "not run"
-                else:
-                    seconds_other = seconds(Federation(sc, data, parts, vectorized=other == "vmap").step, dev, 1,
-                                            max(1, args.repeats // 2))
-                    alternative, ratio = f"{seconds_other:.4f}", f"{seconds_other / engine:.2f}"
-                print(f"| {model} | {norm} | {engine:.4f} | {alternative} | {central:.4f} | "
-                      f"{engine / central:.2f} | {ratio} |", flush=True)
+                fns = [Federation(sc, data, parts).step, central]
+                if not args.no_other:
+                    fns.append(Federation(sc, data, parts, vectorized=other == "vmap").step)
+                engine, central_s, *rest = seconds(fns, dev, 2, args.repeats)
+                alternative, ratio = (f"{rest[0]:.4f}", f"{rest[0] / engine:.2f}") if rest else ("not run", "not run")
+                print(f"| {model} | {norm} | {engine:.4f} | {alternative} | {central_s:.4f} | "
+                      f"{engine / central_s:.2f} | {ratio} |", flush=True)
 
 
 if __name__ == "__main__":

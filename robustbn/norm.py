@@ -49,35 +49,86 @@ class FedBatchNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.phase in ("eval", "frozen"):
             return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
-        dims = [0] + list(range(2, x.dim()))
         self.count = x.numel() // x.shape[1]
-        if self.mode == "hbn":  # the gradient flows through the batch part of the mix
-            batch_var, batch_mean = torch.var_mean(x, dims, correction=0)
-            self.batch_stats = (batch_mean.detach(), batch_var.detach())
-            s = torch.sigmoid(self.alpha)
-            mean = (1 - s) * batch_mean + s * self.running_mean.detach()
-            var = (1 - s) * batch_var + s * self.running_var.detach()
-            shape = (1, -1) + (1,) * (x.dim() - 2)
-            scale = self.weight * torch.rsqrt(var + self.eps)
-            shift = self.bias - mean * scale  # x * scale + shift: one fused op, as torch's BN kernel does it
-            return torch.addcmul(shift.view(shape), x, scale.view(shape))
-        # The client's report (batch mean, biased variance) comes from the batch-norm kernel
-        # itself: with momentum 1 it writes the batch mean and the unbiased variance into
-        # these fresh buffers. torch.var_mean costs 2.7x a whole normalization on the CPU.
-        channels, count = x.shape[1], self.count
-        batch_mean, unbiased_var = x.new_zeros(channels), x.new_zeros(channels)
-        if self.mode == "fbn":  # normalizes with the shared running statistics, constants
-            with torch.no_grad():
-                F.batch_norm(x, batch_mean, unbiased_var, None, None, True, 1.0, self.eps)
-            out = F.batch_norm(x, self.running_mean.detach(), self.running_var.detach(), self.weight, self.bias,
-                               False, 0.0, self.eps)
-        else:  # batch statistics
-            out = F.batch_norm(x, batch_mean, unbiased_var, self.weight, self.bias, True, 1.0, self.eps)
-        self.batch_stats = (batch_mean, unbiased_var * ((count - 1) / count))
+        if self.mode == "hbn":  # a mix of batch and global statistics
+            out, batch_mean, batch_var = HybridNorm.apply(x, self.weight, self.bias, self.alpha, self.running_mean.detach(),
+                                                          self.running_var.detach(), self.eps)
+            self.batch_stats = (batch_mean, batch_var)
+            return out
+        if self.mode == "fbn":  # the shared running statistics, constants
+            self.batch_stats = batch_moments(x, self.eps)
+            return F.batch_norm(x, self.running_mean.detach(), self.running_var.detach(), self.weight, self.bias,
+                                False, 0.0, self.eps)
+        # batch statistics: the normalizing kernel also writes the client's report (see batch_moments)
+        batch_mean, unbiased_var = x.new_zeros(x.shape[1]), x.new_zeros(x.shape[1])
+        out = F.batch_norm(x, batch_mean, unbiased_var, self.weight, self.bias, True, 1.0, self.eps)
+        self.batch_stats = (batch_mean, unbiased_var * ((self.count - 1) / self.count))
         return out
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, mode={self.mode}, eps={self.eps}"
+
+
+def batch_moments(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel batch mean and biased variance of x (N, C, ...), without gradient.
+
+    Taken from the batch-norm kernel: with momentum 1 it writes the batch mean and the
+    unbiased variance into the "running" buffers it is given. On the CPU torch.var_mean costs
+    2.7x a whole normalization (benchmarks/round.py profile, Simple-CNN layer shapes)."""
+    channels, count = x.shape[1], x.numel() // x.shape[1]
+    mean, unbiased_var = x.new_zeros(channels), x.new_zeros(channels)
+    with torch.no_grad():
+        F.batch_norm(x, mean, unbiased_var, None, None, True, 1.0, eps)
+    return mean, unbiased_var * ((count - 1) / count)
+
+
+class HybridNorm(torch.autograd.Function):
+    """HBN's normalization (seed 003, Eqs. 9-10): with s = sigmoid(alpha),
+    m = (1-s) mu_b + s mu_g, v = (1-s) var_b + s var_g, y = (x - m) w / sqrt(v + eps) + b,
+    mu_b and var_b the batch statistics (gradient flows through them), mu_g and var_g the
+    global ones (constants). Outputs (y, mu_b, var_b). The backward is derived by hand: two
+    per-channel reductions and one elementwise pass, like torch's batch-norm backward, where
+    autograd through the formula costs about 3x a batch norm (tests compare the two)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, weight, bias, alpha, global_mean, global_var, eps):
+        batch_mean, batch_var = batch_moments(x, eps)
+        s = torch.sigmoid(alpha)
+        mean = (1 - s) * batch_mean + s * global_mean
+        scale = weight * torch.rsqrt((1 - s) * batch_var + s * global_var + eps)
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        # x * scale + (b - m * scale): one fused op, as torch's own batch-norm kernel computes it
+        return torch.addcmul((bias - mean * scale).view(shape), x, scale.view(shape)), batch_mean, batch_var
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, weight, _, alpha, global_mean, global_var, eps = inputs
+        _, batch_mean, batch_var = output
+        ctx.save_for_backward(x, weight, alpha, global_mean, global_var, batch_mean, batch_var)
+        ctx.eps = eps
+        ctx.mark_non_differentiable(batch_mean, batch_var)
+
+    @staticmethod
+    def backward(ctx, grad, _grad_mean, _grad_var):
+        x, weight, alpha, global_mean, global_var, batch_mean, batch_var = ctx.saved_tensors
+        dims, shape = [0] + list(range(2, x.dim())), (1, -1) + (1,) * (x.dim() - 2)
+        count = x.numel() // x.shape[1]
+        s = torch.sigmoid(alpha)
+        mean = (1 - s) * batch_mean + s * global_mean
+        r = torch.rsqrt((1 - s) * batch_var + s * global_var + ctx.eps)
+        sum_grad = grad.sum(dims)
+        # sum grad (x - m), via x - mu_b for accuracy when |mu_b| >> the spread
+        sum_grad_centered = (grad * (x - batch_mean.view(shape))).sum(dims) + (batch_mean - mean) * sum_grad
+        d_mean = -weight * r * sum_grad  # dL/dm
+        d_var = -0.5 * weight * r ** 3 * sum_grad_centered  # dL/dv
+        # dx = g w r + (1-s)/K dL/dm + (1-s) 2 (x - mu_b)/K dL/dv
+        slope = (1 - s) * 2 / count * d_var
+        offset = (1 - s) / count * d_mean - slope * batch_mean
+        d_x = torch.addcmul(torch.addcmul(offset.view(shape), grad, (weight * r).view(shape)), x, slope.view(shape))
+        d_s = d_mean * (global_mean - batch_mean) + d_var * (global_var - batch_var)
+        return d_x, sum_grad_centered * r, sum_grad, d_s * s * (1 - s), None, None, None
 
 
 def make_norm(mode: str, channels: int, gn_groups: int = 2) -> nn.Module:

@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import numpy as np
@@ -8,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import aggregators as A
+from aggregators.rules import NETWORK_MAX_ROWS, NETWORK_MIN_COLUMNS, _sorted, batcher_pairs
 import reference as ref
 
 # Row counts: n, and f with n > 2f + 2 so that every rule (Krum's bound is the strictest) applies.
@@ -99,6 +101,41 @@ def test_geometric_median_beats_every_input_on_its_objective():
     objective = lambda p: torch.linalg.vector_norm(x - p, dim=1).sum()
     assert all(objective(z) <= objective(x[i]) for i in range(len(x)))
     assert objective(z) <= objective(x.mean(0))
+
+
+# ---- the CPU sorting network -------------------------------------------------------------
+
+@pytest.mark.parametrize("n", range(1, 17))
+def test_batcher_network_sorts_every_zero_one_input(n):
+    """By the zero-one principle, a comparator network that sorts all 2^n inputs of 0s and 1s
+    sorts every input."""
+    columns = torch.tensor(list(itertools.product((0, 1), repeat=n)), dtype=torch.int8).T
+    rows = list(columns.unbind(0))
+    for i, j in batcher_pairs(n):
+        assert 0 <= i < j < n
+        rows[i], rows[j] = torch.minimum(rows[i], rows[j]), torch.maximum(rows[i], rows[j])
+    assert torch.equal(torch.stack(rows), columns.sort(0).values)
+
+
+@given(n=st.integers(1, 80) | st.sampled_from([NETWORK_MAX_ROWS]), seed=seeds, ties=st.booleans(),
+       extremes=st.booleans())
+def test_long_rows_sort_through_the_network_exactly_as_torch_sort(n, seed, ties, extremes):
+    x = randn(seed, n, NETWORK_MIN_COLUMNS, dtype=torch.float32)
+    if ties:  # many equal values, and -0.0 next to 0.0
+        x = x.round()
+    if extremes:
+        x[:, :4] = torch.tensor([float("inf"), -float("inf"), 3e38, -3e38])
+    assert torch.equal(_sorted(x), torch.sort(x, dim=0).values)
+
+
+@pytest.mark.parametrize("name", ["median", "trmean", "meamed", "geomed", "cc"])
+@given(nf=n_f, seed=seeds)
+def test_coordinate_rules_on_long_rows_match_numpy_reference(name, nf, seed):
+    """Rows of NETWORK_MIN_COLUMNS values take the sorting-network path on the CPU."""
+    n, f = nf
+    x = randn(seed, n, NETWORK_MIN_COLUMNS)
+    got = aggregator(name, f)(x)
+    np.testing.assert_allclose(got.numpy(), REFERENCES[name](x.numpy(), f), rtol=1e-9, atol=1e-9)
 
 
 # ---- properties ------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from robustbn.norm import (
     FedBatchNorm,
+    HybridNorm,
+    batch_moments,
     client_running_stats,
     fbn_server_stats,
     hbn_server_stats,
@@ -138,3 +140,53 @@ def test_server_statistics_batched_equal_one_by_one(mode, n, c, seed):
             torch.full((c,), 50.0, dtype=torch.float64), n, 0.1, agg, agg)
     for batched, plain in zip(server_stats(*args, together=together), server_stats(*args)):
         torch.testing.assert_close(batched, plain, rtol=1e-12, atol=1e-12)
+
+
+def hybrid_formula(x, weight, bias, alpha, global_mean, global_var, eps):
+    """Seed 003, Eqs. 9-10, left to autograd: the reference for HybridNorm's hand-derived backward."""
+    dims, shape = [0] + list(range(2, x.dim())), (1, -1) + (1,) * (x.dim() - 2)
+    batch_var, batch_mean = torch.var_mean(x, dims, correction=0)
+    s = torch.sigmoid(alpha)
+    mean = (1 - s) * batch_mean + s * global_mean
+    var = (1 - s) * batch_var + s * global_var
+    return (x - mean.view(shape)) * (weight * torch.rsqrt(var + eps)).view(shape) + bias.view(shape)
+
+
+@given(n=st.integers(1, 6), c=st.integers(1, 4), side=st.integers(1, 3), seed=st.integers(0, 2**31 - 1),
+       offset=st.floats(-30, 30), spread=st.floats(0.01, 10))
+def test_hybrid_norm_equals_autograd_of_the_formula(n, c, side, seed, offset, spread):
+    if n * side * side < 2:
+        n = 2
+    g = torch.Generator().manual_seed(seed)
+    def draw(*shape, scale=1.0, shift=0.0):
+        return (shift + scale * torch.randn(*shape, generator=g, dtype=torch.float64)).requires_grad_()
+    x = draw(n, c, side, side, scale=spread, shift=offset)
+    weight, bias, alpha = draw(c), draw(c), draw(c, scale=2.0)
+    global_mean, global_var = torch.randn(c, generator=g, dtype=torch.float64), torch.rand(c, generator=g, dtype=torch.float64) + 0.1
+    upstream = torch.randn(n, c, side, side, generator=g, dtype=torch.float64)
+    inputs = (x, weight, bias, alpha)
+
+    out, batch_mean, batch_var = HybridNorm.apply(*inputs, global_mean, global_var, 1e-5)
+    want = hybrid_formula(*inputs, global_mean, global_var, 1e-5)
+    torch.testing.assert_close(out, want, rtol=1e-9, atol=1e-9)
+    want_var, want_mean = torch.var_mean(x.detach(), (0, 2, 3), correction=0)
+    torch.testing.assert_close((batch_mean, batch_var), (want_mean, want_var), rtol=1e-9, atol=1e-9)
+    got_grads = torch.autograd.grad((out * upstream).sum(), inputs)
+    want_grads = torch.autograd.grad((want * upstream).sum(), inputs)
+    for name, got, expected in zip(("x", "weight", "bias", "alpha"), got_grads, want_grads):
+        torch.testing.assert_close(got, expected, rtol=1e-7, atol=1e-7 * (1 + spread), msg=name)
+
+
+def test_hybrid_norm_passes_gradcheck():
+    g = torch.Generator().manual_seed(0)
+    x, weight, bias, alpha = (torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_()
+                              for shape in ((4, 3, 2, 2), (3,), (3,), (3,)))
+    stats = torch.randn(3, generator=g, dtype=torch.float64), torch.rand(3, generator=g, dtype=torch.float64) + 0.5
+    assert torch.autograd.gradcheck(lambda *a: HybridNorm.apply(*a, *stats, 1e-5)[0], (x, weight, bias, alpha))
+
+
+def test_batch_moments_are_the_batch_mean_and_biased_variance():
+    x = torch.randn(5, 3, 4, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 3 + 7
+    mean, var = batch_moments(x, 1e-5)
+    want_var, want_mean = torch.var_mean(x, (0, 2, 3), correction=0)
+    torch.testing.assert_close((mean, var), (want_mean, want_var), rtol=1e-12, atol=1e-12)
