@@ -52,7 +52,13 @@ def _sorted(x: torch.Tensor) -> torch.Tensor:
 
 
 def _median(x: torch.Tensor) -> torch.Tensor:
-    s, n = _sorted(x), x.shape[0]
+    n = x.shape[0]
+    if x.device.type == "cpu" and n > NETWORK_MAX_ROWS:
+        # selection beats a full sort here (n = 1000, d = 99k: 1.9 s against 5.6 s): torch.median
+        # gives the lower middle value, the lower middle value of -x is minus the upper one
+        low = x.median(0).values
+        return low if n % 2 else low / 2 - (-x).median(0).values / 2
+    s = _sorted(x)
     if n % 2:
         return s[n // 2].clone()
     return s[n // 2 - 1] / 2 + s[n // 2] / 2  # halves first: no overflow near the dtype's max

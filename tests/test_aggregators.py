@@ -138,6 +138,20 @@ def test_coordinate_rules_on_long_rows_match_numpy_reference(name, nf, seed):
     np.testing.assert_allclose(got.numpy(), REFERENCES[name](x.numpy(), f), rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("n", [NETWORK_MAX_ROWS + 1, NETWORK_MAX_ROWS + 2])
+@given(seed=seeds, d=dims, ties=st.booleans())
+def test_median_of_many_rows_selects_as_the_reference(n, seed, d, ties):
+    """More rows than the sorting network takes: the CPU median selects (torch.median), in a
+    plain call and batched (torch.vmap), and equals the sorted reference."""
+    x = randn(seed, n, d)
+    if ties:
+        x = x.round()
+    np.testing.assert_allclose(A.build("median")(x).numpy(), ref.median(x.numpy()), rtol=1e-12, atol=1e-12)
+    stacked = torch.stack([x, -x])
+    np.testing.assert_allclose(A.build("median").stacked(stacked).numpy(),
+                               np.stack([ref.median(x.numpy()), ref.median(-x.numpy())]), rtol=1e-12, atol=1e-12)
+
+
 # ---- properties ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", PERMUTATION_INVARIANT)

@@ -190,3 +190,23 @@ def test_batch_moments_are_the_batch_mean_and_biased_variance():
     mean, var = batch_moments(x)
     want_var, want_mean = torch.var_mean(x, (0, 2, 3), correction=0)
     torch.testing.assert_close((mean, var), (want_mean, want_var), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", ["naive", "fbn", "hbn"])
+def test_layer_on_cuda_reports_and_normalizes_as_on_the_cpu(mode):
+    """The reported statistics come from the batch-norm kernel's running buffers (naive) or
+    from batch_moments, and cuDNN is a different kernel: same numbers, same gradients."""
+    x = torch.randn(16, 3, 5, 5, generator=torch.Generator().manual_seed(0)) * 3 + 2
+    outs = {}
+    for device in ("cpu", "cuda"):
+        layer = FedBatchNorm(3, mode).to(device)
+        layer.running_mean.fill_(1.0)
+        layer.running_var.fill_(4.0)
+        xd = x.to(device).requires_grad_()
+        out = layer(xd)
+        out.square().sum().backward()
+        outs[device] = [t.cpu() for t in (out.detach(), *layer.batch_stats, xd.grad, layer.weight.grad)]
+    want_var, want_mean = torch.var_mean(x, (0, 2, 3), correction=0)
+    torch.testing.assert_close(outs["cuda"][1:3], [want_mean, want_var], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs["cuda"], outs["cpu"], rtol=1e-4, atol=1e-4)
