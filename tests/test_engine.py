@@ -31,8 +31,8 @@ def federation(vectorized=True, client_chunk=None, **overrides):
     if values.get("algorithm") == "fedavg":
         values.setdefault("local_steps", 2)
     sc = Scenario.from_dict(values)
-    data = synthetic()
-    parts = partition(data.y_train.numpy(), sc.honest, sc.partition, sc.gamma, sc.alpha, sc.seed)
+    data = synthetic() if sc.device == "cpu" else load_dataset("synthetic-images", device=sc.device)
+    parts = partition(data.y_train.cpu().numpy(), sc.honest, sc.partition, sc.gamma, sc.alpha, sc.seed)
     return Federation(sc, data, parts, vectorized=vectorized, client_chunk=client_chunk)
 
 
@@ -225,6 +225,22 @@ def test_same_seed_same_run_other_seed_other_run():
     c = robustbn.run({**sc, "seed": 1}, data=synthetic())
     assert a.history == b.history and a.bn_stats == b.bn_stats
     assert a.bn_stats != c.bn_stats
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("norm", MODES)
+def test_cuda_vectorized_engine_equals_reference_loop(norm, monkeypatch):
+    """The GPU's default path (vmap over clients, cuDNN kernels) against the per-client loop
+    on the same GPU, in full float32 (PyTorch lets cuDNN convolutions use TF32 by default)."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    fast, slow = (federation(v, norm=norm, device="cuda", fixbn_switch=2) for v in (True, False))
+    assert fast.vectorized and fast.theta[next(iter(fast.theta))].is_cuda
+    for _ in range(4):
+        fast.step()
+        slow.step()
+    a, b = state(fast), state(slow)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-4, msg=k)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
