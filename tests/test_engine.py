@@ -40,12 +40,7 @@ def federation(vectorized=True, client_chunk=None, **overrides):
 @pytest.mark.parametrize("norm", ["fbn", "hbn"])
 def test_chunked_client_axis_changes_nothing(norm, algorithm):
     whole, chunked = (federation(True, chunk, norm=norm, algorithm=algorithm, n=8, f=1) for chunk in (None, 3))
-    for _ in range(3):
-        whole.step()
-        chunked.step()
-    a, b = state(whole), state(chunked)
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5, msg=k)
+    assert_same_runs(whole, chunked, rounds=3, tol=1e-5)
 
 
 def test_default_path_is_the_loop_on_the_cpu():
@@ -63,18 +58,23 @@ def state(fed):
     return out
 
 
+def assert_same_runs(a, b, rounds, tol):
+    """Step two federations side by side, then compare their whole state."""
+    for _ in range(rounds):
+        a.step()
+        b.step()
+    sa, sb = state(a), state(b)
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], rtol=tol, atol=tol, msg=k)
+
+
 @pytest.mark.parametrize("algorithm", ["dsgd", "fedavg"])
 @pytest.mark.parametrize("norm", MODES)
 def test_vectorized_engine_equals_reference_loop(norm, algorithm):
     extra = {"participation": 0.67} if algorithm == "fedavg" else {}
     fast, slow = (federation(v, norm=norm, algorithm=algorithm, fixbn_switch=2, **extra) for v in (True, False))
-    for _ in range(4):
-        fast.step()
-        slow.step()
-    a, b = state(fast), state(slow)
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5, msg=k)
+    assert_same_runs(fast, slow, rounds=4, tol=1e-5)
     torch.testing.assert_close(fast.evaluate()[0], slow.evaluate()[0])
 
 
@@ -235,12 +235,7 @@ def test_cuda_vectorized_engine_equals_reference_loop(norm, monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     fast, slow = (federation(v, norm=norm, device="cuda", fixbn_switch=2) for v in (True, False))
     assert fast.vectorized and fast.theta[next(iter(fast.theta))].is_cuda
-    for _ in range(4):
-        fast.step()
-        slow.step()
-    a, b = state(fast), state(slow)
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-4, msg=k)
+    assert_same_runs(fast, slow, rounds=4, tol=1e-4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
