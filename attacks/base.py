@@ -42,7 +42,8 @@ def mean_and_std(honest: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     x = honest.float() if honest.dtype in (torch.float16, torch.bfloat16) else honest
     mean = x.mean(0)
-    var = (x - mean).square_().sum(0) / max(x.shape[0] - 1, 1)
+    deviation = x - mean
+    var = deviation.mul_(deviation).sum(0) / max(x.shape[0] - 1, 1)  # mul_: vmap batches it, square_ not
     return mean.to(honest.dtype), var.sqrt_().to(honest.dtype)
 
 
