@@ -29,7 +29,6 @@ from .norm import (
     FedBatchNorm,
     client_running_stats,
     collect_batch_stats,
-    keep_finite,
     norm_layers,
     server_stats,
     set_phase,

@@ -6,8 +6,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from .data import Dataset, load_dataset, partition
 from .engine import Federation
 from .scenario import Scenario
