@@ -69,7 +69,7 @@ def meamed(x, f):
     med = np.median(x, axis=0)
     out = np.empty(d)
     for c in range(d):
-        order = np.argsort(np.abs(x[:, c] - med[c]), kind="stable")
+        order = np.lexsort((x[:, c], np.abs(x[:, c] - med[c])))  # by distance, then value
         out[c] = x[order[: n - f], c].mean()
     return out
 

@@ -138,6 +138,19 @@ def test_coordinate_rules_on_long_rows_match_numpy_reference(name, nf, seed):
     np.testing.assert_allclose(got.numpy(), REFERENCES[name](x.numpy(), f), rtol=1e-9, atol=1e-9)
 
 
+@given(nf=n_f, d=dims | st.just(NETWORK_MIN_COLUMNS), seed=seeds, spread=st.integers(1, 3))
+def test_meamed_breaks_ties_by_value_whatever_the_row_order(nf, d, seed, spread):
+    """Small integers make values equally far from the median on both sides: the window of
+    sorted values Meamed averages must equal the reference's (distance, value) order, and a
+    permutation of the rows must not change which values count."""
+    n, f = nf
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-spread, spread + 1, (n, d), generator=g).double()
+    got = A.Meamed(f)(x)
+    np.testing.assert_allclose(got.numpy(), ref.meamed(x.numpy(), f), rtol=1e-12, atol=1e-12)
+    assert torch.equal(A.Meamed(f)(x[torch.randperm(n, generator=g)]), got)
+
+
 @pytest.mark.parametrize("n", [NETWORK_MAX_ROWS + 1, NETWORK_MAX_ROWS + 2])
 @given(seed=seeds, d=dims, ties=st.booleans())
 def test_median_of_many_rows_selects_as_the_reference(n, seed, d, ties):
