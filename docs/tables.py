@@ -1,8 +1,12 @@
-"""Markdown tables of final accuracies for docs/results.md, from a results store.
+"""Markdown tables of final accuracies for docs/results.md, from results stores or their CSV
+exports (`robustbn results --format csv`), pooled; a run in several sources counts once.
 
     python docs/tables.py results/paper.sqlite
+    python docs/tables.py docs/results.csv
 """
 
+import csv
+import json
 import statistics
 import sys
 from collections import defaultdict
@@ -37,8 +41,27 @@ def cpu_schedule(r) -> bool:
             and r["rounds"] == 200 and r["n"] == 10 and r["batch_size"] == 50 and r["bn_momentum"] == 0.1)
 
 
-def main(db):
-    rows = [r for r in Store(db).rows(status="done")]
+def typed(text: str):
+    """A CSV cell back to the number (or list) it was exported from; other text as it is."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def done_rows(path: str) -> list[dict]:
+    if path.endswith(".csv"):
+        with open(path, newline="") as f:
+            return [{k: typed(v) for k, v in r.items()} for r in csv.DictReader(f) if r["status"] == "done"]
+    store = Store(path)
+    try:
+        return store.rows(status="done")
+    finally:
+        store.close()
+
+
+def main(paths):
+    rows = list({r["hash"]: r for path in paths for r in done_rows(path)}.values())
     fig3 = [r for r in rows if cpu_schedule(r) and r["f"] == 0 and r["bn_agg"] == "mean"]
     pivot(fig3, lambda r: r["norm"], lambda r: f"gamma = {r['gamma']}",
           "Figure 3 (Fashion-MNIST): final test accuracy (%), no attack")
@@ -52,7 +75,8 @@ def main(db):
            and r["norm"] in ("fbn", "central") and r["bn_agg"] == "mean" and r["seed"] == 0
            and r["model"] == "simple-cnn" and (r["rounds"] == 1500 or (r["rounds"] == 200 and r["f"] == 0))]
     pivot(gap, lambda r: f"{r['norm']}, n = {r['n']} x batch {r['batch_size']}, beta = {r['bn_momentum']}"
-          + (", SF on the statistics, undefended" if r["f"] else ""),
+          + ("" if not r["f"] else f", f = {r['f']} sending nothing" if r["bn_attack"] == "none"
+             else f", {r['bn_attack'].upper()} on the statistics by f = {r['f']}, undefended"),
           lambda r: "T = 200, momentum 0.9" if r["rounds"] == 200 else "T = 1500, momentum 0.99 (paper)",
           "FBN against centralized BN at gamma = 0: final test accuracy (%), seed 0")
     for partition, title in (("dirichlet", "Seed 003's setting (FedAvg, Dirichlet 0.6, batch 8)"),
@@ -64,4 +88,4 @@ def main(db):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

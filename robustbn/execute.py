@@ -124,13 +124,20 @@ def _in_this_process(todo: Todo, started: Callable, progress: bool) -> Outcomes:
 def _in_processes(todo: Todo, started: Callable, jobs: int) -> Outcomes:
     threads = max(1, (os.cpu_count() or 1) // jobs)
     ctx = get_context("spawn")  # CUDA and forked processes do not mix
+    queue = iter(todo)
     with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
         futures = {}
-        for run_hash, sc in todo:
-            started(run_hash, sc)
-            futures[pool.submit(_run_in_worker, sc.to_dict())] = (run_hash, sc)
-        for future in as_completed(futures):
-            yield *futures[future], future.result()
+        def submit_next():  # one run per free worker, so the store's `running` rows are the runs in flight
+            for run_hash, sc in queue:
+                started(run_hash, sc)
+                futures[pool.submit(_run_in_worker, sc.to_dict())] = (run_hash, sc)
+                return
+        for _ in range(jobs):
+            submit_next()
+        while futures:
+            future = next(as_completed(futures))
+            yield *futures.pop(future), future.result()
+            submit_next()  # after the driver committed the finished run
 
 
 @dataclass

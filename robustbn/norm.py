@@ -126,8 +126,8 @@ class HybridNorm(torch.autograd.Function):
         # dL/dv = -w r (r d_weight) / 2, and dx = g w r + (1-s)/K (dL/dm + 2 (x - mu_b) dL/dv)
         rd = r * d_weight
         wr = weight * r
-        neg_c = (s - 1) * wr / count  # -(1-s) w r / K; per-channel ops out of place: vmap may batch
-        # any of their operands, and an in-place op needs its target batched
+        # per-channel ops stay out of place: vmap may batch any operand, and in place needs a batched target
+        neg_c = (s - 1) * wr / count  # -(1-s) w r / K
         slope = neg_c * rd
         offset = torch.addcmul(d_bias, rd, batch_mean, value=-1) * neg_c
         d_x = torch.addcmul(d_x, x, slope.view(shape)).add_(offset.view(shape))  # vmap lacks addcmul_

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from robustbn.cli import main
+from robustbn.execute import run_matrix
 from robustbn.matrix import MatrixError, expand, load, parse_override
 from robustbn.store import Store, scenario_hash
 
@@ -158,6 +159,24 @@ def test_jobs_run_scenarios_in_parallel_processes_with_the_same_results(tmp_path
     assert main(["run", str(matrix), "--db", parallel, "--quiet", "--jobs", "2"]) == 0
     rows = lambda path: {r["hash"]: r["history"] for r in Store(path).rows()}
     assert rows(serial) == rows(parallel)
+
+
+def test_jobs_mark_a_run_running_only_when_a_worker_takes_it(tmp_path):
+    """With --jobs 2, the store's `running` rows are the runs in flight, never the queue."""
+    _, scenarios = load(write(tmp_path, TINY))
+
+    class Watched(Store):
+        already_running: list[int] = []
+
+        def start(self, run_hash, scenario, source=""):
+            self.already_running.append(len(self.rows(status="running")))
+            super().start(run_hash, scenario, source)
+
+    store = Watched(tmp_path / "s.sqlite")
+    summary = run_matrix(scenarios, store, jobs=2, progress=False)
+    assert summary.done == len(scenarios) == 4
+    assert len(store.already_running) == 4 and max(store.already_running) <= 1
+    store.close()
 
 
 def test_every_shipped_scenario_file_is_valid():
