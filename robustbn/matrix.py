@@ -58,7 +58,7 @@ def _is_axis(key: str, value: Any) -> bool:
 
 def _matches(rule: dict[str, Any], combo: dict[str, Any]) -> bool:
     for key, wanted in rule.items():
-        options = wanted if isinstance(wanted, list) and key not in LIST_VALUED else [wanted]
+        options = wanted if _is_axis(key, wanted) else [wanted]  # read as in the file's axes
         if combo.get(key, getattr(Scenario, key, None)) not in options:
             return False
     return True

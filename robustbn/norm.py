@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MODES = ("naive", "fbn", "fixbn", "hbn", "fedbn", "central", "gn")
+MODES = ("naive", "fbn", "fixbn", "hbn", "fedbn", "central", "gn", "none")
+LAYER_MODES = ("gn", "none")  # no batch norm: GroupNorm, or no normalization layer at all
 STAT_MODES = ("naive", "fbn", "fixbn", "hbn", "central")  # modes whose statistics reach the server
 
 Aggregate = Callable[[torch.Tensor], torch.Tensor]
@@ -34,8 +35,9 @@ class FedBatchNorm(nn.Module):
 
     def __init__(self, num_features: int, mode: str, eps: float = 1e-5):
         super().__init__()
-        if mode not in MODES or mode == "gn":
-            raise ValueError(f"FedBatchNorm: mode must be one of {', '.join(m for m in MODES if m != 'gn')}, got {mode!r}")
+        if mode not in MODES or mode in LAYER_MODES:
+            raise ValueError(f"FedBatchNorm: mode must be one of {', '.join(m for m in MODES if m not in LAYER_MODES)}, "
+                             f"got {mode!r}")
         self.mode, self.eps, self.phase = mode, eps, "train"
         self.weight = nn.Parameter(torch.ones(num_features))
         self.bias = nn.Parameter(torch.zeros(num_features))
@@ -138,9 +140,11 @@ class HybridNorm(torch.autograd.Function):
 
 
 def make_norm(mode: str, channels: int, gn_groups: int = 2) -> nn.Module:
-    """The norm layer of a mode: GroupNorm for "gn", FedBatchNorm otherwise."""
+    """The norm layer of a mode: GroupNorm for "gn", none (identity) for "none", FedBatchNorm otherwise."""
     if mode == "gn":
         return nn.GroupNorm(min(gn_groups, channels), channels)
+    if mode == "none":
+        return nn.Identity()
     return FedBatchNorm(channels, mode)
 
 

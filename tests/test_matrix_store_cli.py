@@ -54,6 +54,15 @@ def test_overrides_replace_values_and_lists_make_axes(tmp_path):
     assert len(expand({"lr_milestones": [[[10, 0.05]], [[20, 0.01]]]})) == 2
 
 
+def test_exclusion_reads_list_valued_fields_as_the_axes_do():
+    """An exclude rule's lr_milestones is one schedule, or a list of schedules meaning any of."""
+    schedules = [[[10, 0.05]], [[20, 0.01]], [[30, 0.02]]]
+    one = expand({"lr_milestones": schedules, "exclude": [{"lr_milestones": [[10, 0.05]]}]})
+    assert [s.lr_milestones for s in one] == [[[20, 0.01]], [[30, 0.02]]]
+    any_of = expand({"lr_milestones": schedules, "exclude": [{"lr_milestones": [[[10, 0.05]], [[30, 0.02]]]}]})
+    assert [s.lr_milestones for s in any_of] == [[[20, 0.01]]]
+
+
 @pytest.mark.parametrize("text, message", [
     ('colour = "blue"', "m.toml: unknown key 'colour'; allowed:"),
     ('rounds = "many"', "m.toml: key 'rounds': must be an integer >= 1, got 'many'"),

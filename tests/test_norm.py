@@ -6,7 +6,9 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from torch import nn
 
+from robustbn.models import MODELS, build_model
 from robustbn.norm import (
     FedBatchNorm,
     HybridNorm,
@@ -15,6 +17,7 @@ from robustbn.norm import (
     fbn_server_stats,
     hbn_server_stats,
     keep_finite,
+    norm_layers,
     server_stats,
     variance_factor,
 )
@@ -209,3 +212,15 @@ def test_layer_on_cuda_reports_and_normalizes_as_on_the_cpu(mode):
     want_var, want_mean = torch.var_mean(x, (0, 2, 3), correction=0)
     torch.testing.assert_close(outs["cuda"][1:3], [want_mean, want_var], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(outs["cuda"], outs["cpu"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_norm_none_is_the_same_network_without_its_normalization_layers(model):
+    plain, with_bn = (build_model(model, norm, 3, 32, 10) for norm in ("none", "naive"))
+    assert not any(isinstance(m, (FedBatchNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase)) for m in plain.modules())
+    norm_params = sum(p.numel() for _, layer in norm_layers(with_bn) for p in layer.parameters())
+    assert norm_params > 0
+    assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in with_bn.parameters()) - norm_params
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    assert plain(x).shape == (2, 10)
+

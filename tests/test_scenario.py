@@ -5,7 +5,7 @@ from robustbn.scenario import Scenario, ScenarioError
 
 
 @pytest.mark.parametrize("change, field, message", [
-    ({"norm": "batchnorm"}, "norm", "allowed: naive, fbn, fixbn, hbn, fedbn, central, gn"),
+    ({"norm": "batchnorm"}, "norm", "allowed: naive, fbn, fixbn, hbn, fedbn, central, gn, none"),
     ({"rounds": -5}, "rounds", "must be an integer >= 1"),
     ({"rounds": 2.5}, "rounds", "must be an integer >= 1"),
     ({"f": 5, "grad_agg": "median"}, "grad_agg", "needs f < n/2"),
@@ -14,6 +14,7 @@ from robustbn.scenario import Scenario, ScenarioError
     ({"f": 10}, "f", "must be < n = 10"),
     ({"norm": "fedbn", "f": 2, "bn_attack": "sf"}, "bn_attack", "sends no BN statistics; allowed: 'none'"),
     ({"norm": "gn", "f": 2, "bn_attack": "alie"}, "bn_attack", "sends no BN statistics"),
+    ({"norm": "none", "f": 2, "bn_attack": "sf"}, "bn_attack", "sends no BN statistics"),
     ({"norm": "central", "f": 2}, "f", "admits f = 0 only"),
     ({"grad_attack": "sf"}, "grad_attack", "needs f >= 1"),
     ({"f": 2, "grad_attack": "bogus"}, "grad_attack", "unknown attack 'bogus'"),
