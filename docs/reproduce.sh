@@ -15,6 +15,7 @@ $RUN scenarios/fbn_central_gap_fmnist.toml --set n=10 --set batch_size=50 --set 
 # a second seed where time allowed: every run of Figure 4 at gamma = 0, and its control
 $RUN scenarios/fbn_fig4_fmnist.toml --set gamma=0.0 --set seed=1
 $RUN scenarios/fbn_fig4_control_fmnist.toml --set gamma=0.0 --set seed=1
+$RUN scenarios/fbn_sf_cause_fmnist.toml
 $RUN scenarios/hbn_table1_fmnist.toml
 $RUN scenarios/fedbn_feature_shift_fmnist.toml
 

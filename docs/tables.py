@@ -72,13 +72,13 @@ def main(paths):
           else f"{r['bn_attack']} / {r['bn_agg']}",
           "Figure 4 and C.3 (Fashion-MNIST): final test accuracy (%), f = 3 of 10 attack the BN statistics (attack / defense)")
     gap = [r for r in rows if r["algorithm"] == "dsgd" and r["partition"] == "gamma" and r["gamma"] == 0.0
-           and r["norm"] in ("fbn", "central") and r["bn_agg"] == "mean" and r["seed"] == 0
-           and r["model"] == "simple-cnn" and (r["rounds"] == 1500 or (r["rounds"] == 200 and r["f"] == 0))]
+           and r["norm"] in ("fbn", "central", "none") and r["bn_agg"] == "mean" and r["model"] == "simple-cnn"
+           and (r["rounds"] == 1500 or (r["rounds"] == 200 and (r["f"] == 0 or r["norm"] == "none")))]
     pivot(gap, lambda r: f"{r['norm']}, n = {r['n']} x batch {r['batch_size']}, beta = {r['bn_momentum']}"
           + ("" if not r["f"] else f", f = {r['f']} sending nothing" if r["bn_attack"] == "none"
              else f", {r['bn_attack'].upper()} on the statistics by f = {r['f']}, undefended"),
           lambda r: "T = 200, momentum 0.9" if r["rounds"] == 200 else "T = 1500, momentum 0.99 (paper)",
-          "FBN against centralized BN at gamma = 0: final test accuracy (%), seed 0")
+          "FBN against centralized BN at gamma = 0: final test accuracy (%)")
     for partition, title in (("dirichlet", "Seed 003's setting (FedAvg, Dirichlet 0.6, batch 8)"),
                              ("feature-shift", "Feature shift (seed 004's setting)")):
         part = [r for r in rows if r["algorithm"] == "fedavg" and r["partition"] == partition]
