@@ -58,9 +58,14 @@ def _median(x: torch.Tensor) -> torch.Tensor:
         # gives the lower middle value, the lower middle value of -x is minus the upper one
         low = x.median(0).values
         return low if n % 2 else low / 2 - (-x).median(0).values / 2
-    s = _sorted(x)
+    return _middle(_sorted(x)).clone()
+
+
+def _middle(s: torch.Tensor) -> torch.Tensor:
+    """The median of values sorted along dim 0: the middle one, or the mean of the two."""
+    n = s.shape[0]
     if n % 2:
-        return s[n // 2].clone()
+        return s[n // 2]
     return s[n // 2 - 1] / 2 + s[n // 2] / 2  # halves first: no overflow near the dtype's max
 
 
@@ -232,9 +237,9 @@ class Meamed(_HonestMajority):
         # a prefix of i = 0 .. f - 1, so the start is their count. One sort gives the median
         # and the window, where sorting the deviations needs a second, stable (index-carrying)
         # sort: several times dearer on the CPU.
-        n, k = x.shape[0], x.shape[0] - self.f
+        k = x.shape[0] - self.f
         s = _sorted(x)
-        median = s[n // 2] if n % 2 else s[n // 2 - 1] / 2 + s[n // 2] / 2
+        median = _middle(s)
         start = (s[k:] - median < median - s[: self.f]).sum(0, keepdim=True)
         rows = start + torch.arange(k, device=x.device).view((k,) + (1,) * (x.dim() - 1))
         return s.gather(0, rows).mean(0)

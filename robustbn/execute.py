@@ -128,10 +128,10 @@ def _in_processes(todo: Todo, started: Callable, jobs: int) -> Outcomes:
     with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
         futures = {}
         def submit_next():  # one run per free worker, so the store's `running` rows are the runs in flight
-            for run_hash, sc in queue:
-                started(run_hash, sc)
-                futures[pool.submit(_run_in_worker, sc.to_dict())] = (run_hash, sc)
-                return
+            item = next(queue, None)
+            if item is not None:
+                started(*item)
+                futures[pool.submit(_run_in_worker, item[1].to_dict())] = item
         for _ in range(jobs):
             submit_next()
         while futures:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 MODES = ("naive", "fbn", "fixbn", "hbn", "fedbn", "central", "gn", "none")
-LAYER_MODES = ("gn", "none")  # no batch norm: GroupNorm, or no normalization layer at all
+NO_BN_MODES = ("gn", "none")  # GroupNorm, or no normalization layer at all
 STAT_MODES = ("naive", "fbn", "fixbn", "hbn", "central")  # modes whose statistics reach the server
 
 Aggregate = Callable[[torch.Tensor], torch.Tensor]
@@ -35,8 +35,8 @@ class FedBatchNorm(nn.Module):
 
     def __init__(self, num_features: int, mode: str, eps: float = 1e-5):
         super().__init__()
-        if mode not in MODES or mode in LAYER_MODES:
-            raise ValueError(f"FedBatchNorm: mode must be one of {', '.join(m for m in MODES if m not in LAYER_MODES)}, "
+        if mode not in MODES or mode in NO_BN_MODES:
+            raise ValueError(f"FedBatchNorm: mode must be one of {', '.join(m for m in MODES if m not in NO_BN_MODES)}, "
                              f"got {mode!r}")
         self.mode, self.eps, self.phase = mode, eps, "train"
         self.weight = nn.Parameter(torch.ones(num_features))

@@ -11,7 +11,7 @@ import attacks
 
 from .data import DATASETS, PARTITIONS
 from .models import MODELS
-from .norm import LAYER_MODES, MODES
+from .norm import NO_BN_MODES, MODES
 
 ALGORITHMS = ("dsgd", "fedavg")
 
@@ -125,7 +125,7 @@ class Scenario:
         integer("n", 1)
         integer("f", 0)
         integer("rounds", 1)
-        integer("batch_size", 1 if self.norm in LAYER_MODES else 2)
+        integer("batch_size", 1 if self.norm in NO_BN_MODES else 2)
         integer("local_steps", 1)
         integer("eval_every", 1)
         integer("seed", 0)
@@ -147,7 +147,7 @@ class Scenario:
             raise ScenarioError("participation", "partial participation is for algorithm = 'fedavg'")
         if self.norm == "central" and self.f != 0:
             raise ScenarioError("f", "norm = 'central' is the attack-free reference: it admits f = 0 only")
-        if self.norm in ("fedbn", *LAYER_MODES) and self.bn_attack != "none":
+        if self.norm in ("fedbn", *NO_BN_MODES) and self.bn_attack != "none":
             raise ScenarioError("bn_attack", f"norm = {self.norm!r} sends no BN statistics; allowed: 'none'")
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ScenarioError("device", f"allowed: 'cpu', 'cuda', 'cuda:N'; got {self.device!r}")

@@ -10,7 +10,7 @@ from torch.func import functional_call
 import robustbn
 from robustbn.data import load_dataset, partition
 from robustbn.engine import Federation, _flat
-from robustbn.norm import LAYER_MODES, MODES, collect_batch_stats, set_phase
+from robustbn.norm import NO_BN_MODES, MODES, collect_batch_stats, set_phase
 from robustbn.scenario import Scenario
 
 
@@ -26,7 +26,7 @@ def federation(vectorized=True, client_chunk=None, **overrides):
     values.update(overrides)
     if values["norm"] in ("central",):
         values.update(f=0, grad_attack="none", bn_attack="none")
-    if values["norm"] in ("fedbn", *LAYER_MODES):
+    if values["norm"] in ("fedbn", *NO_BN_MODES):
         values.update(bn_attack="none")
     if values.get("algorithm") == "fedavg":
         values.setdefault("local_steps", 2)
@@ -88,7 +88,7 @@ def test_per_client_gradients_and_statistics_match_the_loop(norm):
     (ga, la), aux_a = fast._client_grads(*args, theta_batched=False, buffers_batched=norm == "fedbn")
     (gb, lb), aux_b = slow._client_grads(*args, theta_batched=False, buffers_batched=norm == "fedbn")
     torch.testing.assert_close(_flat(ga, 1), _flat(gb, 1), rtol=1e-5, atol=1e-5)
-    assert len(aux_a) == len(aux_b) == (1 if norm in LAYER_MODES else 3)
+    assert len(aux_a) == len(aux_b) == (1 if norm in NO_BN_MODES else 3)
     for u, v in zip(aux_a, aux_b):
         torch.testing.assert_close(u, v, rtol=1e-5, atol=1e-5)
     assert _flat(ga, 1).shape[0] == fast.h and not torch.allclose(_flat(ga, 1)[0], _flat(ga, 1)[1])
