@@ -14,6 +14,7 @@ from .basic import (
     ALittleIsEnough,
     FallOfEmpires,
     Gaussian,
+    Honest,
     InfAttack,
     Mimic,
     NaNAttack,
@@ -23,7 +24,7 @@ from .basic import (
 )
 from .optimal import OptimalALIE, OptimalFOE
 
-ATTACKS = {c.name: c for c in (SignFlipping, FallOfEmpires, ALittleIsEnough, Gaussian, NaNAttack,
+ATTACKS = {c.name: c for c in (SignFlipping, Honest, FallOfEmpires, ALittleIsEnough, Gaussian, NaNAttack,
                                InfAttack, Mimic, Scaling, OptimalFOE, OptimalALIE)}
 NAMES = ("none", *ATTACKS)
 
@@ -53,5 +54,5 @@ def build(name: str, **params) -> Attack | None:
 
 
 __all__ = ["ATTACKS", "NAMES", "Attack", "build", "alie_z", "SignFlipping", "FallOfEmpires",
-           "ALittleIsEnough", "Gaussian", "NaNAttack", "InfAttack", "Mimic", "Scaling",
+           "ALittleIsEnough", "Gaussian", "Honest", "NaNAttack", "InfAttack", "Mimic", "Scaling",
            "OptimalFOE", "OptimalALIE"]

@@ -18,6 +18,17 @@ class SignFlipping(Attack):
         return repeat(-honest.mean(0), f)
 
 
+class Honest(Attack):
+    """A Byzantine client that behaves honestly on this channel: it holds no data of its own,
+    so it sends the mean of the honest messages. Seed 002's SF on the statistics is SF on the
+    BN means with `honest` on the BN variances ("only modify the mean")."""
+
+    name = "honest"
+
+    def forge(self, honest, f):
+        return repeat(honest.mean(0), f)
+
+
 class FallOfEmpires(Attack):
     """FOE / inner-product manipulation (Xie et al. 2020): -eps * mean(honest)."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from . import __version__
 DEFAULT_DB = "results/robustbn.sqlite"
 
 DEMO_TOML = """\
-description = "robustbn demo: FBN vs naive BN on Fashion-MNIST under extreme heterogeneity (gamma = 0), 3 of 10 clients attacking the BN statistics with sign flipping, undefended (mean) and defended (nnm+median)"
+description = "robustbn demo: FBN vs naive BN on Fashion-MNIST under extreme heterogeneity (gamma = 0). 3 of 10 clients flip the sign of their BN mean messages and send honest-looking variances (seed 002's attack); the server averages (no defense) or runs nnm+median on the statistics"
 dataset = "fashion-mnist"
 model = "simple-cnn"
 partition = "gamma"
@@ -19,11 +20,12 @@ gamma = 0.0
 norm = ["naive", "fbn"]
 n = 10
 f = [0, 3]
-bn_attack = ["none", "sf"]
+bn_mean_attack = ["none", "sf"]
+bn_var_attack = ["none", "honest"]
 bn_agg = ["mean", "nnm+median"]
 grad_attack = "none"
 grad_agg = "mean"
-rounds = 200
+rounds = 150
 batch_size = 32
 lr = 0.05
 momentum = 0.9
@@ -32,13 +34,19 @@ seed = 0
 
 [[exclude]]   # no attackers: no attack, and nothing to defend
 f = 0
-bn_attack = "sf"
+bn_mean_attack = "sf"
+[[exclude]]
+f = 0
+bn_var_attack = "honest"
 [[exclude]]
 f = 0
 bn_agg = "nnm+median"
-[[exclude]]   # attackers present: they attack
+[[exclude]]   # attackers present: SF on the mean, honest on the variance
 f = 3
-bn_attack = "none"
+bn_mean_attack = "none"
+[[exclude]]
+f = 3
+bn_var_attack = "none"
 """
 
 
@@ -80,6 +88,8 @@ def _run_and_report(values_scenarios, source, args) -> int:
     from .store import Store
 
     _, scenarios = values_scenarios
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
     executor = getattr(args, "executor", "local")
     shard = parse_shard(args.shard) if getattr(args, "shard", None) else None
     ray_options = None
@@ -109,8 +119,6 @@ def _run_and_report(values_scenarios, source, args) -> int:
 @_fail_cleanly
 def cmd_run(args) -> int:
     from .matrix import load
-    if args.jobs < 1:
-        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
     return _run_and_report(load(args.file, args.set), str(args.file), args)
 
 
@@ -122,15 +130,19 @@ def cmd_merge(args) -> int:
         raise UsageError(f"--db {args.db} is also a store to merge; give a different target")
     store = Store(args.db)
     try:
-        for path in args.stores:
-            c = store.merge(path)
-            print(f"{path}: {c['added']} added, {c['replaced']} replaced unfinished runs, {c['kept']} already here"
-                  + (f" ({c['differing']} done in both with different histories: kept this store's)"
-                     if c["differing"] else ""))
-        print(f"{len(store)} runs in {args.db}")
+        _report_added(args.db, store, [(path, store.merge(path)) for path in args.stores])
     finally:
         store.close()
     return 0
+
+
+def _report_added(db: str, store, counts: list[tuple[str, dict]]) -> None:
+    """What merge or import did, a line per source, then the store's size."""
+    for path, c in counts:
+        print(f"{path}: {c['added']} added, {c['replaced']} replaced unfinished runs, {c['kept']} already here"
+              + (f" ({c['differing']} done in both with different histories: kept this store's)"
+                 if c["differing"] else ""))
+    print(f"{len(store)} runs in {db}")
 
 
 @_fail_cleanly
@@ -152,6 +164,7 @@ def cmd_list(args) -> int:
 @_fail_cleanly
 def cmd_results(args) -> int:
     from .plots import varying
+    from .channels import BN_CHANNEL_KEYS, PARTS
     from .store import RESULT_COLUMNS, Store, export
 
     if not Path(args.db).exists():
@@ -161,11 +174,27 @@ def cmd_results(args) -> int:
     store.close()
     if args.format == "table":
         shown = (varying(rows) if len(rows) > 1 else ["norm"]) + ["seed", *RESULT_COLUMNS]
+        if all(r.get(f"bn_{part}") is not None for r in rows for part in PARTS):
+            shown = [c for c in shown if c not in BN_CHANNEL_KEYS]  # both BN channels alike: bn_* says it
         print(_table(rows, list(dict.fromkeys(shown))))
         print(f"{len(rows)} runs")
     else:
-        scenario_keys = [k for k in (rows[0] if rows else {}) if k not in set(RESULT_COLUMNS) | {"history", "error"}]
+        # every scenario field of any row (runs made before a field existed lack it)
+        scenario_keys = sorted({k for r in rows for k in r} - set(RESULT_COLUMNS) - {"history", "error"})
         print(export(rows, args.format, scenario_keys + list(RESULT_COLUMNS) + ["history"]), end="")
+    return 0
+
+
+@_fail_cleanly
+def cmd_import(args) -> int:
+    from .store import Store, read_export
+
+    batches = [read_export(path) for path in args.files]  # every file read and checked before the store is touched
+    store = Store(args.db)
+    try:
+        _report_added(args.db, store, list(zip(args.files, store.add(batches))))
+    finally:
+        store.close()
     return 0
 
 
@@ -228,9 +257,9 @@ def cmd_demo(args) -> int:
     store.close()
     print()
     print(_table(sorted(rows, key=lambda r: (r["norm"], r["f"], r["bn_agg"])),
-                 ["norm", "f", "bn_attack", "bn_agg", "final_acc", "best_acc", "wall_time_s"]))
+                 ["norm", "f", "bn_mean_attack", "bn_var_attack", "bn_agg", "final_acc", "best_acc", "wall_time_s"]))
     out = Path(args.db).with_name("demo.png")
-    plot(rows, "curves", str(out), "FBN vs naive BN, gamma = 0, SF on the BN statistics")
+    plot(rows, "curves", str(out), "FBN vs naive BN at gamma = 0; 3 of 10 clients flip the sign of their BN means")
     print(f"\nplot: {out}")
     return code
 
@@ -240,7 +269,8 @@ def _add_run_options(p, db=DEFAULT_DB):
                    help="override a field (TOML value; a list makes an axis), repeatable")
     p.add_argument("--db", default=db, help=f"results store (default {db})")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="override every scenario's device")
-    p.add_argument("--jobs", type=int, default=1, help="scenarios run at once, in separate processes (default 1)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="scenarios run at once, in separate processes (default 1; demo: 2 where there are 2 cores)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -252,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  robustbn demo\n  robustbn list scenarios/fbn_fig4_fmnist.toml\n"
                "  robustbn run scenarios/fbn_fig4_fmnist.toml --set seed=[0,1] --jobs 2\n"
                "  robustbn results --format csv > results.csv\n"
+               "  robustbn import results.csv --db results/copy.sqlite\n"
                "  robustbn plot heatmap --out results/heatmap.png\n  robustbn toy --out results/toy.png")
     ap.add_argument("--version", action="version", version=f"robustbn {__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
@@ -288,6 +319,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=DEFAULT_DB, help=f"the store merged into, created if absent (default {DEFAULT_DB})")
     p.set_defaults(run=cmd_merge)
 
+    p = sub.add_parser("import", help="rebuild a results store from CSV exports (robustbn results --format csv)",
+                       formatter_class=raw,
+                       description="Add the runs of each FILE, a CSV written by `robustbn results --format csv`, to "
+                                   "--db. Every cell is read back to its scenario field's type and each row's scenario "
+                                   "must hash to the row's hash column. Runs already in --db are deduplicated as by "
+                                   "merge (a finished run replaces an unfinished one; otherwise the store's row stays). "
+                                   "All files are checked first and added in one transaction: on any error nothing is "
+                                   "written. Imported runs have no final BN statistics.",
+                       epilog="examples:\n  robustbn import docs/results.csv --db results/paper.sqlite\n"
+                              "  robustbn import a.csv b.csv --db results/all.sqlite\n"
+                              "  robustbn results --db results/robustbn.sqlite --format csv > backup.csv  # and back:\n"
+                              "  robustbn import backup.csv --db results/restored.sqlite")
+    p.add_argument("files", nargs="+", metavar="FILE.csv", help="CSV written by `robustbn results --format csv`")
+    p.add_argument("--db", default=DEFAULT_DB, help=f"the store imported into, created if absent (default {DEFAULT_DB})")
+    p.set_defaults(run=cmd_import)
+
     p = sub.add_parser("list", help="print the expanded matrix without running it", formatter_class=raw,
                        epilog="examples:\n  robustbn list scenarios/fbn_fig4_fmnist.toml\n"
                               "  robustbn list scenarios/fbn_fig3_fmnist.toml --set 'seed=[0,1,2]'")
@@ -308,7 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="curves: accuracy vs round, one line per combination of the fields that vary "
                                    "(seed 002, Figure 4); heterogeneity: final accuracy vs --x (Figure 3a); heatmap: "
                                    "attack x defense final accuracy, one panel per norm mode. Seeds are pooled "
-                                   "(mean, and std as band or error bar).",
+                                   "(mean, and std as band or error bar). Lines: a color per norm mode, a line style "
+                                   "per defense (mean: solid), a marker per attack; legends in words (\"FBN, SF on the "
+                                   "mean, nnm+median (2 seeds)\"), with key=value for any other field that varies.",
                        epilog="examples:\n  robustbn plot curves --where gamma=0.0 --out results/fig4.png\n"
                               "  robustbn plot heterogeneity --where f=0 --out results/fig3a.png\n"
                               "  robustbn plot heatmap --where gamma=0.0 --out results/heatmap.png")
@@ -326,14 +375,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=cmd_toy)
 
-    p = sub.add_parser("demo", help="the main job: FBN vs naive BN under attack on Fashion-MNIST (a few minutes, CPU)",
+    p = sub.add_parser("demo", help="the main job: FBN vs naive BN under attack on Fashion-MNIST (under 3 minutes, CPU)",
                        formatter_class=raw,
                        description="Runs a small matrix (robustbn demo --show prints it) on Fashion-MNIST on the CPU, "
                                    "prints a table of final accuracies and writes a plot next to the store.",
                        epilog="examples:\n  robustbn demo\n  robustbn demo --set rounds=100\n  robustbn demo --show")
     _add_run_options(p, db="results/demo.sqlite")
     p.add_argument("--show", action="store_true", help="print the demo's matrix file and exit")
-    p.set_defaults(run=cmd_demo)
+    # two runs at once: 0.82 of the 3-minute budget on 2 cores, one at a time 1.02 (benchmarks/demo.py)
+    p.set_defaults(run=cmd_demo, jobs=min(2, os.cpu_count() or 1))
     return ap
 
 

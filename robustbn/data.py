@@ -9,6 +9,7 @@ import gzip
 import math
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,10 +89,12 @@ def _mirror(src: Path, folder: str, gz: bool) -> Path:
     raw.mkdir(parents=True, exist_ok=True)
     for f in MNIST_FILES:
         if not (raw / f).exists():
-            tmp = raw / f"{f}.tmp"
-            with (gzip.open(src / f"{f}.gz") if gz else open(src / f, "rb")) as fin, open(tmp, "wb") as fout:
+            # a temporary file of this process's own, then an atomic replace: `--jobs` workers
+            # may fill the same cache at the same time
+            with (gzip.open(src / f"{f}.gz") if gz else open(src / f, "rb")) as fin, \
+                    tempfile.NamedTemporaryFile("wb", dir=raw, prefix=f"{f}.", suffix=".tmp", delete=False) as fout:
                 shutil.copyfileobj(fin, fout)
-            tmp.rename(raw / f)
+            os.replace(fout.name, raw / f)
     return raw.parent.parent
 
 

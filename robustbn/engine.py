@@ -51,13 +51,17 @@ def _unflat(vec: torch.Tensor, like: dict[str, torch.Tensor], lead: int) -> dict
 
 
 class Channel:
-    """One message channel: its attack and its robust pipeline."""
+    """One message channel: its attack and its robust pipeline. `f` Byzantine clients send on
+    it (none when the attack is "none"); the pipeline is built for `agg_f` of them."""
 
-    def __init__(self, attack: str, attack_params: dict, spec: str, agg_params: dict, f: int, seed: int):
+    def __init__(self, attack: str, attack_params: dict, spec: str, agg_params: dict, f: int, seed: int,
+                 agg_f: int | None = None):
         params = dict(agg_params)
         if "bucketing" in spec.split("+"):
             params.setdefault("seed", seed)
-        self.pipeline = aggregators.build(spec, f=f, **params)
+        self.pipeline = aggregators.build(spec, f=f if agg_f is None else agg_f, **params)
+        # channels with equal keys have interchangeable pipelines (unless they draw random numbers)
+        self.key = (spec, repr(sorted(params.items())), f if agg_f is None else agg_f)
         params = dict(attack_params)
         if attack.startswith("opt-"):
             params["pipeline"] = self.pipeline
@@ -134,9 +138,9 @@ class Federation:
             self.local_var = torch.ones(self.h, c, device=self.device)
         self.count = self._values_per_channel()
 
-        self.grad_channel = Channel(sc.grad_attack, sc.grad_attack_params, sc.grad_agg, sc.grad_agg_params, sc.f, sc.seed)
-        self.mean_channel = Channel(sc.bn_attack, sc.bn_attack_params, sc.bn_agg, sc.bn_agg_params, sc.f, sc.seed + 1)
-        self.var_channel = Channel(sc.bn_attack, sc.bn_attack_params, sc.bn_agg, sc.bn_agg_params, sc.f, sc.seed + 2)
+        self.grad_channel, self.mean_channel, self.var_channel = (
+            Channel(*sc.channel(name), sc.f, sc.seed + offset, sc.pipeline_f)
+            for offset, name in enumerate(("grad", "bn_mean", "bn_var")))
         self.momentum_buf: torch.Tensor | None = None
         self.local_momentum: dict[str, torch.Tensor] = {k: torch.zeros_like(v) for k, v in self.local.items()}
         self.train_loss_sum = torch.zeros((), device=self.device)
@@ -227,13 +231,15 @@ class Federation:
             self.mean_channel.pipeline, self.var_channel.pipeline, self.sc.hbn_lambda, self._together)
 
     def _together(self, calls):
-        """Independent aggregations of the BN channels in one batched pipeline call. Both BN
-        channels' pipelines come from the same spec and parameters, so any of them serves,
-        unless it is random (bucketing): each channel then draws from its own generator."""
-        pipeline = self.mean_channel.pipeline
-        if pipeline.random:
+        """Independent aggregations of the BN channels [(pipeline, messages), ...], in one
+        batched call when their pipelines are interchangeable and their message sets have one
+        shape; otherwise (different pipelines, a channel whose Byzantine clients send nothing,
+        or a random pipeline, each drawing from its own generator) one by one."""
+        key = {id(c.pipeline): c.key for c in (self.mean_channel, self.var_channel)}
+        (first, x0), *_ = calls
+        if first.random or any(key[id(agg)] != key[id(first)] or x.shape != x0.shape for agg, x in calls):
             return [agg(x) for agg, x in calls]
-        return list(pipeline.stacked(torch.stack([x for _, x in calls])))
+        return list(first.stacked(torch.stack([x for _, x in calls])))
 
     def _apply_local(self, grads_local, lr) -> None:
         """DSGD: client-local parameters (fedbn's BN affine, hbn's alpha) take their own

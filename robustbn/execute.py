@@ -112,7 +112,7 @@ def pending(scenarios: list[Scenario], store: Store, device: str | None = None,
 def _in_this_process(todo: Todo, started: Callable, progress: bool) -> Outcomes:
     for run_hash, sc in todo:
         started(run_hash, sc)
-        with tqdm(total=sc.rounds, desc=f"{sc.norm} {sc.bn_attack}/{sc.bn_agg}", unit="round",
+        with tqdm(total=sc.rounds, desc=f"{sc.norm} {sc.attacks_in_brief()}", unit="round",
                   leave=False, disable=not progress) as run_bar:
             try:
                 out = {"ok": run_one(sc.to_dict(), progress=lambda t: run_bar.update(1))}

@@ -24,6 +24,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from .channels import BN_CHANNELS, PARTS
 from .scenario import Scenario, ScenarioError
 
 FIELDS = {f.name: f for f in dataclasses.fields(Scenario)}
@@ -56,10 +57,24 @@ def _is_axis(key: str, value: Any) -> bool:
     return isinstance(value, list)
 
 
+def _rule_value(sc: Scenario, key: str) -> Any:
+    """What a rule compares with: the field's value; for the BN channels, the value as it
+    applies (a per-channel field falls back on its bn_* shorthand; a shorthand names the value
+    both BN channels share, else None)."""
+    for part in PARTS:
+        if key in (f"bn_mean_{part}", f"bn_var_{part}"):
+            return sc.value_of(key[: -len(part) - 1], part)
+        if key == f"bn_{part}":
+            mean, var = (sc.value_of(channel, part) for channel in BN_CHANNELS)
+            return mean if mean == var else None
+    return getattr(sc, key)
+
+
 def _matches(rule: dict[str, Any], combo: dict[str, Any]) -> bool:
+    sc = Scenario(**combo)
     for key, wanted in rule.items():
         options = wanted if _is_axis(key, wanted) else [wanted]  # read as in the file's axes
-        if combo.get(key, getattr(Scenario, key, None)) not in options:
+        if _rule_value(sc, key) not in options:
             return False
     return True
 

@@ -1,8 +1,11 @@
 """Robustness plots from the results store: accuracy curves, accuracy vs heterogeneity, and
-attack x defense heatmaps. Runs that differ only in `seed` are pooled: mean and spread."""
+attack x defense heatmaps, in the papers' style: a color per norm mode, a line style per
+defense, a marker per attack, and legends in words ("FBN, SF on the mean, nnm+median").
+Runs that differ only in `seed` are pooled: mean and spread (one std)."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Any
 
@@ -12,65 +15,258 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from .channels import BN_CHANNEL_KEYS, BN_CHANNELS, PARTS, expand_channels  # noqa: E402
+
 KINDS = ("curves", "heterogeneity", "heatmap")
 IGNORED = {"seed", "device", "data_dir"}
 SUMMARY = {"final_acc", "best_acc", "final_loss", "rounds_done", "status", "wall_time_s", "hash", "history", "error"}
 
+NORM_WORDS = {"naive": "naive BN", "fbn": "FBN", "fixbn": "FixBN", "hbn": "HBN", "fedbn": "FedBN",
+              "central": "centralized BN", "gn": "GroupNorm", "none": "no normalization"}
+NORM_COLORS = {"naive": "tab:red", "fbn": "tab:blue", "fixbn": "tab:green", "hbn": "tab:purple",
+               "fedbn": "tab:brown", "central": "black", "gn": "tab:olive", "none": "tab:gray"}
+OTHER_COLORS = ("tab:orange", "tab:cyan", "tab:pink", "gold", "teal", "navy", "lime", "maroon")
+ATTACK_WORDS = {"sf": "SF", "foe": "FOE", "alie": "ALIE", "opt-foe": "opt-FOE", "opt-alie": "opt-ALIE",
+                "gaussian": "Gaussian noise", "nan": "NaN", "inf": "inf", "mimic": "mimic", "scale": "scaling"}
+# "none": the Byzantine clients send nothing on the channel; "honest": they send what an honest
+# client would: neither is an attack on that channel
+NOT_ATTACKS = ("none", "honest")
+CHANNEL_WORDS = {"grad": "the gradients", "bn_mean": "the mean", "bn_var": "the variance"}
+BN_WORDS = "the mean and variance"
+NO_ATTACK = "no attack"
+# the pipeline of the attacked channels: "mean" (undefended) solid, each other a dash pattern
+DEFENSE_STYLES = ((0, (5, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)), (0, (2, 2)), (0, (8, 2, 1, 2, 1, 2)),
+                  (0, (3, 1, 1, 1)), (0, (10, 3)), (0, (1, 3)))
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p")
+
+
+def _hashable(v: Any) -> Any:
+    """A value usable as a dict key: dicts and lists (the *_params tables, lr_milestones) as
+    canonical JSON."""
+    return json.dumps(v, sort_keys=True, default=str) if isinstance(v, (dict, list)) else v
+
+
+def _text(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, default=str) if isinstance(v, (dict, list)) else str(v)
+
 
 def varying(rows: list[dict[str, Any]], exclude: set[str] = frozenset()) -> list[str]:
-    """Scenario fields that take more than one value among the rows."""
-    keys = [k for k in rows[0] if k not in SUMMARY | IGNORED | set(exclude)]
+    """Scenario fields that take more than one value among the rows (a field some rows lack
+    counts as None there)."""
+    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in SUMMARY | IGNORED | set(exclude)]
     return [k for k in keys if len({repr(r.get(k)) for r in rows}) > 1]
 
 
 def group(rows, keys):
+    """Rows by their values of `keys` (dict- and list-valued fields by canonical JSON)."""
     groups = defaultdict(list)
     for r in rows:
-        groups[tuple(r.get(k) for k in keys)].append(r)
+        groups[tuple(_hashable(r.get(k)) for k in keys)].append(r)
     return groups
 
 
-def label(keys, values) -> str:
-    return ", ".join(f"{k}={v}" for k, v in zip(keys, values)) or "all runs"
+# ---- words -------------------------------------------------------------------------------
+
+def _params(params: Any) -> str:
+    return f" ({', '.join(f'{k}={_text(v)}' for k, v in sorted(params.items()))})" if params else ""
 
 
-def curves(rows, ax):
-    keys = varying(rows)
-    for values, runs in sorted(group(rows, keys).items(), key=lambda kv: repr(kv[0])):
-        rounds = [h["round"] for h in runs[0]["history"]]
-        accs = np.array([[h["test_acc"] for h in r["history"]] for r in runs if len(r["history"]) == len(rounds)])
-        mean, std = accs.mean(0), accs.std(0)
-        (line,) = ax.plot(rounds, mean, label=f"{label(keys, values)} (x{len(accs)})")
-        if len(accs) > 1:
-            ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+def channels(row: dict[str, Any]) -> dict[str, tuple[str, dict, str, dict]]:
+    """(attack, attack params, pipeline, pipeline params) of each channel that a run's clients
+    send: the gradients, and the BN statistics where the norm mode shares them. Old rows (only
+    `bn_attack` / `bn_agg`) read as both BN channels set alike."""
+    row = expand_channels(row)
+    names = ["grad"] + ([] if row.get("norm") in ("fedbn", "gn", "none") else list(BN_CHANNELS))
+    return {c: tuple(row.get(f"{c}_{p}") if row.get(f"{c}_{p}") is not None else unset
+                     for p, unset in PARTS.items()) for c in names}
+
+
+def _by_channel(values: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """Channels grouped by a shared value (e.g. the same attack), in channel order."""
+    out: dict[str, list[str]] = {}
+    for channel, value in values.items():
+        out.setdefault(value, []).append(channel)
+    return list(out.items())
+
+
+def _on(names: list[str]) -> str:
+    """ "on the mean", "on the mean and variance", "on the gradients and the variance", ..."""
+    if set(CHANNEL_WORDS) <= set(names):
+        return "on every channel"
+    if set(BN_CHANNELS) <= set(names):
+        return "on " + " and ".join([CHANNEL_WORDS[c] for c in names if c not in BN_CHANNELS] + [BN_WORDS])
+    return "on " + " and ".join(CHANNEL_WORDS[c] for c in names)
+
+
+def attack_words(row: dict[str, Any]) -> str:
+    """The attack in words: "SF on the mean", "ALIE on the gradients", "SF on the mean and
+    variance", "variance scaling", "ALIE on the gradients + SF on the mean and variance";
+    without an attack on any channel "no attack", or "no attack (7 honest)" where f > 0."""
+    attacked = {c: (a, ap) for c, (a, ap, _, _) in channels(row).items() if a not in NOT_ATTACKS}
+    if not attacked or not row.get("f"):
+        f, n = row.get("f") or 0, row.get("n")
+        return f"{NO_ATTACK} ({n - f} honest)" if f and n is not None else NO_ATTACK
+    phrases = []
+    for (name, params), names in _by_channel({c: (a, _text(ap)) for c, (a, ap) in attacked.items()}):
+        params = json.loads(params)
+        if name == "scale" and names == ["bn_var"]:
+            phrases.append("variance scaling" + _params(params))
+        else:
+            phrases.append(f"{ATTACK_WORDS.get(name, name)}{_params(params)} {_on(names)}")
+    return " + ".join(phrases)
+
+
+def defense_words(row: dict[str, Any]) -> str:
+    """The pipeline of the attacked channels (of every channel the clients send, without an
+    attack): "nnm+median", or per channel where they differ ("nnm+median on the mean, mean on
+    the variance"); "(built for f=2)" where `agg_f` differs from f."""
+    chans = channels(row)
+    attacked = [c for c, (a, *_) in chans.items() if a not in NOT_ATTACKS] if row.get("f") else []
+    pipelines = {c: spec + _params(params) for c, (_, _, spec, params) in chans.items() if c in attacked or not attacked}
+    grouped = _by_channel(pipelines)
+    words = grouped[0][0] if len(grouped) == 1 else ", ".join(f"{p} {_on(names)}" for p, names in grouped)
+    agg_f = row.get("agg_f")
+    return words + (f" (built for f={agg_f})" if agg_f is not None and agg_f != row.get("f") else "")
+
+
+def norm_words(norm: str) -> str:
+    return NORM_WORDS.get(norm, norm)
+
+
+# fields the words above say: where the words tell two groups apart, no "key=value" for them
+WORDED = {"norm", "f", "agg_f", "grad_attack", "grad_attack_params", "grad_agg", "grad_agg_params",
+          *(f"bn_{p}" for p in PARTS), *BN_CHANNEL_KEYS}
+
+
+class Legend:
+    """Runs grouped for plotting, and each group's words and style.
+
+    Runs are grouped by every field that varies among them but the seed (and `exclude`, e.g.
+    the x axis); runs differing only in seed pool into one group. A group's label names its
+    norm mode, attack and defense in words where these vary among the groups (the parts all
+    groups share are `common`, for the title), then `key=value` for every other varying field
+    (gamma, rounds, ...) and for a worded field the words do not tell apart (f=2 against f=3
+    under one attack). Style: a color per norm mode, a line style per defense ("mean" solid),
+    a marker per attack (and other varying fields) where these vary."""
+
+    def __init__(self, rows: list[dict[str, Any]], exclude: set[str] = frozenset()):
+        self.keys = varying(rows, set(exclude))
+        self.groups = dict(sorted(group(rows, self.keys).items(), key=lambda kv: self._order(kv[1][0])))
+        self.words = {k: (norm_words(rs[0]["norm"]), attack_words(rs[0]), defense_words(rs[0]))
+                      for k, rs in self.groups.items()}
+        shown = [i for i in range(3) if len({w[i] for w in self.words.values()}) > 1]
+        first = next(iter(self.words.values()), ("", "", ""))
+        self.common = [first[i] for i in range(3) if i not in shown
+                       and not (i == 2 and first[1].startswith(NO_ATTACK) and first[2] == "mean")]
+        by_words = defaultdict(set)
+        for k, w in self.words.items():
+            by_words[w].add(k)
+        extra = [j for j, key in enumerate(self.keys)
+                 if key not in WORDED or any(len({k[j] for k in ks}) > 1 for ks in by_words.values())]
+        self.parts, rest = {}, {}
+        for k, w in self.words.items():
+            parts = [w[i] for i in shown]
+            if 2 in shown and w[1].startswith(NO_ATTACK) and w[2] == "mean":
+                parts.remove(w[2])  # undefended and not attacked: "no attack" says it all
+            self.parts[k] = parts + [f"{self.keys[j]}={_text(k[j])}" for j in extra]
+            rest[k] = (w[1], tuple(k[j] for j in extra))
+        norms = sorted({rs[0]["norm"] for rs in self.groups.values()} - set(NORM_COLORS))
+        defenses = sorted({w[2] for w in self.words.values()} - {"mean"})
+        kinds = sorted(set(rest.values()), key=lambda r: (not r[0].startswith(NO_ATTACK), r[0], repr(r[1])))
+        self.style, self.points = {}, {}
+        for k, rs in self.groups.items():
+            norm, defense = rs[0]["norm"], self.words[k][2]
+            index = kinds.index(rest[k])
+            self.style[k] = {
+                "color": NORM_COLORS.get(norm) or OTHER_COLORS[norms.index(norm) % len(OTHER_COLORS)],
+                "linestyle": "-" if defense == "mean" else DEFENSE_STYLES[defenses.index(defense) % len(DEFENSE_STYLES)],
+                "marker": None if index == 0 else MARKERS[(index - 1) % len(MARKERS)]}
+            self.points[k] = MARKERS[index % len(MARKERS)]  # where every line needs a marker (error bars)
+
+    @staticmethod
+    def _order(row):
+        norms = list(NORM_WORDS)
+        attack = attack_words(row)
+        return (norms.index(row["norm"]) if row["norm"] in norms else len(norms), row["norm"],
+                not attack.startswith(NO_ATTACK), attack, defense_words(row) != "mean", defense_words(row),
+                repr(sorted((k, _text(v)) for k, v in row.items() if k not in SUMMARY)))
+
+    def label(self, key: tuple, runs: list[dict[str, Any]], pooled: bool, suffix: str = "") -> str:
+        words = ", ".join(self.parts[key] + ([suffix] if suffix else [])) or "all runs"
+        if not pooled:
+            return words
+        seeds = len({r.get("seed") for r in runs})
+        count = f"{seeds} seed{'s' * (seeds != 1)}" if seeds == len(runs) else f"{len(runs)} runs"
+        return f"{words} ({count})"
+
+    def title(self) -> str:
+        return ", ".join(self.common)
+
+
+def _pools(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Runs split by the rounds of their histories (runs cut short, or made with another
+    evaluation schedule, cannot be averaged round by round): the commonest first."""
+    by_rounds = defaultdict(list)
+    for r in runs:
+        by_rounds[tuple(h["round"] for h in r["history"])].append(r)
+    return sorted(by_rounds.values(), key=lambda rs: (-len(rs), -len(rs[0]["history"])))
+
+
+def curves(rows, ax) -> Legend:
+    legend = Legend(rows)
+    pooled = any(len(rs) > 1 for rs in legend.groups.values())
+    for key, runs in legend.groups.items():
+        pools = _pools(runs)
+        for i, pool in enumerate(pools):
+            rounds = [h["round"] for h in pool[0]["history"]]
+            accs = np.array([[h["test_acc"] for h in r["history"]] for r in pool], dtype=float)
+            mean, std = accs.mean(0), accs.std(0)
+            suffix = f"to round {rounds[-1]}" if len(pools) > 1 else ""
+            style = legend.style[key]
+            ax.plot(rounds, mean, label=legend.label(key, pool, pooled, suffix), **style,
+                    markevery=max(1, len(rounds) // 12), markersize=5, linewidth=1.6)
+            if len(pool) > 1:
+                ax.fill_between(rounds, mean - std, mean + std, color=style["color"], alpha=0.15, linewidth=0)
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy")
+    return legend
 
 
-def heterogeneity(rows, ax, x="gamma"):
-    keys = varying(rows, {x})
-    for values, runs in sorted(group(rows, keys).items(), key=lambda kv: repr(kv[0])):
+def heterogeneity(rows, ax, x="gamma") -> Legend:
+    legend = Legend(rows, {x})
+    pooled = any(len(rs) > 1 for k, runs in legend.groups.items() for rs in group(runs, [x]).values())
+    for key, runs in legend.groups.items():
         by_x = group(runs, [x])
-        xs = sorted(k[0] for k in by_x)
-        accs = [[r["final_acc"] for r in by_x[(v,)]] for v in xs]
-        ax.errorbar(xs, [np.mean(a) for a in accs], yerr=[np.std(a) for a in accs], marker="o", capsize=3,
-                    label=label(keys, values))
+        xs = sorted(by_x, key=lambda v: (v[0] is None, v[0] if isinstance(v[0], (int, float)) else repr(v[0])))
+        accs = [[r["final_acc"] for r in by_x[v]] for v in xs]
+        counts = {len(a) for a in accs}
+        label = legend.label(key, runs, False)
+        if pooled:
+            label += f" ({min(counts)}-{max(counts)} seeds)" if len(counts) > 1 else \
+                     f" ({max(counts)} seed{'s' * (max(counts) != 1)})"
+        ax.errorbar([v[0] for v in xs], [np.mean(a) for a in accs], yerr=[np.std(a) for a in accs], capsize=3,
+                    label=label, **{**legend.style[key], "marker": legend.points[key]})
     ax.set_xlabel(x)
     ax.set_ylabel("final test accuracy")
+    return legend
 
 
 def heatmap(rows, fig):
-    attack = "bn_attack" if len({r["bn_attack"] for r in rows}) > 1 else "grad_attack"
-    defense = "bn_agg" if len({r["bn_agg"] for r in rows}) > 1 else "grad_agg"
-    norms = sorted({r["norm"] for r in rows})
-    attacks = sorted({r[attack] for r in rows}, key=lambda a: (a != "none", a))
-    defenses = sorted({r[defense] for r in rows})
+    """Final accuracy (mean over the runs of a cell: seeds and any other field) by attack (in
+    words, with the channel it hits) and defense (the attacked channels' pipeline), one panel
+    per norm mode."""
+    attack_of = {id(r): attack_words(r) for r in rows}
+    defense_of = {id(r): defense_words(r) for r in rows}
+    norms = sorted({r["norm"] for r in rows}, key=lambda n: (list(NORM_WORDS).index(n) if n in NORM_WORDS else 99, n))
+    attacks = sorted(set(attack_of.values()), key=lambda a: (not a.startswith(NO_ATTACK), a))
+    defenses = sorted(set(defense_of.values()), key=lambda d: (d != "mean", d))
     axes = fig.subplots(1, len(norms), squeeze=False)[0]
     for ax, norm in zip(axes, norms):
         grid = np.full((len(attacks), len(defenses)), np.nan)
         for i, a in enumerate(attacks):
             for j, d in enumerate(defenses):
-                accs = [r["final_acc"] for r in rows if r["norm"] == norm and r[attack] == a and r[defense] == d]
+                accs = [r["final_acc"] for r in rows
+                        if r["norm"] == norm and attack_of[id(r)] == a and defense_of[id(r)] == d]
                 if accs:
                     grid[i, j] = np.mean(accs)
         im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis")
@@ -79,26 +275,36 @@ def heatmap(rows, fig):
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.6 else "black", fontsize=8)
         ax.set_xticks(range(len(defenses)), defenses, rotation=30, ha="right")
         ax.set_yticks(range(len(attacks)), attacks)
-        ax.set_title(f"norm = {norm}")
-        ax.set_xlabel(defense)
-        ax.set_ylabel(attack)
+        ax.set_title(norm_words(norm))
+        ax.set_xlabel("defense (pipeline of the attacked channels)")
+        ax.set_ylabel("attack")
     fig.colorbar(im, ax=list(axes), label="final test accuracy (mean over seeds)")
 
 
-def plot(rows: list[dict[str, Any]], kind: str, out: str, title: str | None = None, x: str = "gamma") -> None:
+def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: str = "gamma"):
+    """The figure of `kind` for the finished runs among `rows` (not saved; see `plot`)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown plot kind {kind!r}; allowed: {', '.join(KINDS)}")
     rows = [r for r in rows if r["status"] == "done" and r["history"]]
     if not rows:
         raise ValueError("no finished runs match: nothing to plot (see `robustbn results`)")
     if kind == "heatmap":
-        fig = plt.figure(figsize=(4.5 * len({r["norm"] for r in rows}) + 1.5, 4.2), layout="constrained")
+        fig = plt.figure(figsize=(4.5 * len({r["norm"] for r in rows}) + 3, 4.2), layout="constrained")
         heatmap(rows, fig)
     else:
         fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
-        curves(rows, ax) if kind == "curves" else heterogeneity(rows, ax, x)
+        legend = curves(rows, ax) if kind == "curves" else heterogeneity(rows, ax, x)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
+        if legend.title():
+            ax.set_title(legend.title(), fontsize=9)
     if title:
         fig.suptitle(title)
+    return fig
+
+
+def plot(rows: list[dict[str, Any]], kind: str, out: str, title: str | None = None, x: str = "gamma") -> None:
+    fig = figure(rows, kind, title, x)
     fig.savefig(out, dpi=120)
     plt.close(fig)
 

@@ -9,11 +9,15 @@ from typing import Any
 import aggregators
 import attacks
 
+from .channels import BN_CHANNELS, CHANNELS, PARTS
 from .data import DATASETS, PARTITIONS
 from .models import MODELS
 from .norm import NO_BN_MODES, MODES
 
 ALGORITHMS = ("dsgd", "fedavg")
+# Fields left out of `to_dict` while unused, so that a scenario which does not use them keeps
+# the run hash it had before they existed (stores hold hours of finished runs).
+UNUSED_WHEN_NONE = (*(f"{c}_{p}" for c in BN_CHANNELS for p in PARTS), "agg_f")
 
 
 class ScenarioError(ValueError):
@@ -51,14 +55,27 @@ class Scenario:
     weight_decay: float = 0.0
     local_steps: int = 1            # FedAvg only
     participation: float = 1.0      # FedAvg: fraction of honest clients per round
+    # Each channel (grad, bn_mean, bn_var) has its own attack and pipeline, with parameters.
+    # bn_* set both BN channels; bn_mean_* / bn_var_* set one. Validation puts a scenario in
+    # canonical form: bn_* hold the value both BN channels share, the per-channel fields are
+    # None unless the two channels differ (then bn_* is None).
     grad_attack: str = "none"
-    bn_attack: str = "none"
+    bn_attack: str | None = None
     grad_attack_params: dict = field(default_factory=dict)
-    bn_attack_params: dict = field(default_factory=dict)
+    bn_attack_params: dict | None = None
     grad_agg: str = "mean"
-    bn_agg: str = "mean"
+    bn_agg: str | None = None
     grad_agg_params: dict = field(default_factory=dict)
-    bn_agg_params: dict = field(default_factory=dict)
+    bn_agg_params: dict | None = None
+    bn_mean_attack: str | None = None
+    bn_mean_attack_params: dict | None = None
+    bn_mean_agg: str | None = None
+    bn_mean_agg_params: dict | None = None
+    bn_var_attack: str | None = None
+    bn_var_attack_params: dict | None = None
+    bn_var_agg: str | None = None
+    bn_var_agg_params: dict | None = None
+    agg_f: int | None = None        # the f the pipelines are built for; None = the real f
     eval_every: int = 10
     seed: int = 0
     device: str = "cpu"
@@ -72,11 +89,63 @@ class Scenario:
         return cls(**values).validated()
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The scenario's fields, without the optional ones it does not use (`UNUSED_WHEN_NONE`):
+        of a validated scenario, the canonical dict its run hash is computed from."""
+        values = dataclasses.asdict(self)
+        return {k: v for k, v in values.items() if not (k in UNUSED_WHEN_NONE and v is None)}
 
     @property
     def honest(self) -> int:
         return self.n - self.f
+
+    @property
+    def pipeline_f(self) -> int:
+        """The number of Byzantine clients the pipelines are built for (`agg_f`, default f)."""
+        return self.f if self.agg_f is None else self.agg_f
+
+    def key_of(self, channel: str, part: str) -> str:
+        """The field that sets `part` (attack, attack_params, agg, agg_params) of `channel`:
+        the per-channel field if given, else the bn_* shorthand."""
+        if channel == "grad" or getattr(self, f"{channel}_{part}") is not None:
+            return f"{channel}_{part}"
+        return f"bn_{part}"
+
+    def value_of(self, channel: str, part: str) -> Any:
+        """`part` of `channel` as it applies: the per-channel field, else the shorthand, else
+        the default (no attack, the mean)."""
+        value = getattr(self, self.key_of(channel, part))
+        return PARTS[part] if value is None else value
+
+    def channel(self, name: str) -> tuple[str, dict, str, dict]:
+        """(attack, attack params, pipeline spec, pipeline params) of channel `name`."""
+        return tuple(self.value_of(name, part) for part in PARTS)
+
+    def attacks_in_brief(self) -> str:
+        """e.g. "bn_mean:sf/nnm+median bn_var:honest/mean", or "no attack"."""
+        parts = [f"{c}:{self.value_of(c, 'attack')}/{self.value_of(c, 'agg')}" for c in CHANNELS
+                 if self.value_of(c, "attack") != "none"]
+        return " ".join(parts) or "no attack"
+
+    def canonical(self) -> "Scenario":
+        """Write the scenario in canonical form, in place, so that one run has one dict and one
+        hash however it was spelled: the BN channels as the field comments above say, and agg_f
+        equal to f as None. Raises ScenarioError where a shorthand and a per-channel field
+        disagree. Part of `validated`; on its own for rows read back from exports."""
+        if self.agg_f == self.f:
+            self.agg_f = None  # the default, spelled out: the same run
+        for part in PARTS:
+            shorthand = getattr(self, f"bn_{part}")
+            for channel in BN_CHANNELS:
+                specific = getattr(self, f"{channel}_{part}")
+                if shorthand is not None and specific is not None and specific != shorthand:
+                    raise ScenarioError(f"{channel}_{part}", f"{specific!r} conflicts with bn_{part} = {shorthand!r}, "
+                                                             f"which sets both BN channels; give one or the other")
+            mean, var = (self.value_of(channel, part) for channel in BN_CHANNELS)
+            shared = mean == var
+            setattr(self, f"bn_{part}", mean if shared else None)
+            setattr(self, f"bn_mean_{part}", None if shared else mean)
+            setattr(self, f"bn_var_{part}", None if shared else var)
+        return self
 
     @property
     def switch_round(self) -> int:
@@ -147,31 +216,45 @@ class Scenario:
             raise ScenarioError("participation", "partial participation is for algorithm = 'fedavg'")
         if self.norm == "central" and self.f != 0:
             raise ScenarioError("f", "norm = 'central' is the attack-free reference: it admits f = 0 only")
-        if self.norm in ("fedbn", *NO_BN_MODES) and self.bn_attack != "none":
-            raise ScenarioError("bn_attack", f"norm = {self.norm!r} sends no BN statistics; allowed: 'none'")
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ScenarioError("device", f"allowed: 'cpu', 'cuda', 'cuda:N'; got {self.device!r}")
         if self.device.startswith("cuda"):
             import torch
             if not torch.cuda.is_available():
                 raise ScenarioError("device", "CUDA is not available on this machine; use device = 'cpu'")
-        for channel in ("grad", "bn"):
-            name, params = getattr(self, f"{channel}_attack"), getattr(self, f"{channel}_attack_params")
-            if name != "none" and self.f == 0:
-                raise ScenarioError(f"{channel}_attack", f"{name!r} needs f >= 1 Byzantine clients (f = 0); use 'none'")
-            try:
-                # line-searched attacks get their pipeline from the engine; a stand-in checks the rest
-                extra = {"pipeline": len} if isinstance(name, str) and name.startswith("opt-") else {}
-                attacks.build(name, **params, **extra)
-            except (ValueError, TypeError) as e:
-                raise ScenarioError(f"{channel}_attack", str(e)) from None
-            spec, params = getattr(self, f"{channel}_agg"), getattr(self, f"{channel}_agg_params")
-            # without an attack on the channel, the Byzantine clients send nothing on it
-            received = self.n if name != "none" else self.n - self.f
-            try:
-                aggregators.build(spec, f=self.f, n=received, **params)
-            except (ValueError, TypeError) as e:
-                why = (f" (with {channel}_attack = 'none' the Byzantine clients send nothing on this channel: "
-                       f"the server receives n - f = {received} messages)") if received != self.n else ""
-                raise ScenarioError(f"{channel}_agg", f"{e}{why}") from None
+        if self.agg_f is not None:
+            integer("agg_f", 0, self.n - 1)
+        self.canonical()
+        for channel in CHANNELS:
+            self._validate_channel(channel)
         return self
+
+    def _validate_channel(self, channel: str) -> None:
+        name, params, spec, agg_params = self.channel(channel)
+        attack_key, agg_key = self.key_of(channel, "attack"), self.key_of(channel, "agg")
+        for key, value in ((attack_key, name), (agg_key, spec)):
+            if not isinstance(value, str):
+                raise ScenarioError(key, f"must be a name (a string), got {value!r}")
+        for key in (self.key_of(channel, "attack_params"), self.key_of(channel, "agg_params")):
+            if not isinstance(getattr(self, key), (dict, type(None))):
+                raise ScenarioError(key, f"must be a table of parameters, got {getattr(self, key)!r}")
+        if channel != "grad" and self.norm in ("fedbn", *NO_BN_MODES) and name != "none":
+            raise ScenarioError(attack_key, f"norm = {self.norm!r} sends no BN statistics; allowed: 'none'")
+        if name != "none" and self.f == 0:
+            raise ScenarioError(attack_key, f"{name!r} needs f >= 1 Byzantine clients (f = 0); use 'none'")
+        try:
+            # line-searched attacks get their pipeline from the engine; a stand-in checks the rest
+            extra = {"pipeline": len} if name.startswith("opt-") else {}
+            attacks.build(name, **params, **extra)
+        except (ValueError, TypeError) as e:
+            raise ScenarioError(attack_key, str(e)) from None
+        # without an attack on the channel, the Byzantine clients send nothing on it
+        received = self.n if name != "none" else self.n - self.f
+        try:
+            aggregators.build(spec, f=self.pipeline_f, n=received, **agg_params)
+        except (ValueError, TypeError) as e:
+            why = (f" (with {attack_key} = 'none' the Byzantine clients send nothing on this channel: "
+                   f"the server receives n - f = {received} messages)") if received != self.n else ""
+            assumed = f" (agg_f = {self.agg_f}: the pipelines are built for that many Byzantine clients)" \
+                if self.agg_f is not None else ""
+            raise ScenarioError(agg_key, f"{e}{why}{assumed}") from None

@@ -1,22 +1,26 @@
+import os
 import subprocess
 import sys
 import tomllib
 
-from robustbn.cli import DEMO_TOML, main
+from robustbn.cli import DEMO_TOML, build_parser, main
 from robustbn.matrix import expand
 
 
-def test_demo_matrix_is_fbn_vs_naive_with_and_without_attack_and_defense():
+def test_demo_matrix_is_fbn_vs_naive_under_the_papers_attack_with_and_without_defense():
     scenarios = expand(tomllib.loads(DEMO_TOML))
-    cells = {(s.norm, s.f, s.bn_attack, s.bn_agg) for s in scenarios}
-    assert cells == {(norm, f, attack, agg) for norm in ("naive", "fbn")
-                     for f, attack, agg in [(0, "none", "mean"), (3, "sf", "mean"), (3, "sf", "nnm+median")]}
+    cells = {(s.norm, s.f, s.channel("grad")[0], s.channel("bn_mean")[0], s.channel("bn_var")[0], s.bn_agg)
+             for s in scenarios}
+    assert cells == {(norm, f, "none", mean, var, agg) for norm in ("naive", "fbn")
+                     for f, mean, var, agg in [(0, "none", "none", "mean"), (3, "sf", "honest", "mean"),
+                                               (3, "sf", "honest", "nnm+median")]}
     assert all(s.dataset == "fashion-mnist" and s.gamma == 0.0 and s.device == "cpu" for s in scenarios)
+    assert build_parser().parse_args(["demo"]).jobs == min(2, os.cpu_count())  # 2 at once: under 3 minutes
 
 
 def test_demo_prints_its_table_and_plot(tmp_path, capsys):
     db = tmp_path / "demo.sqlite"
-    assert main(["demo", "--db", str(db), "--quiet", "--set", "dataset=\"synthetic-images\"", "--set", "rounds=4",
+    assert main(["demo", "--db", str(db), "--quiet", "--jobs", "1", "--set", "dataset=\"synthetic-images\"", "--set", "rounds=4",
                  "--set", "eval_every=2", "--set", "batch_size=8"]) == 0
     out = capsys.readouterr().out
     table = out.split("final_acc", 1)[1]
@@ -27,6 +31,6 @@ def test_demo_prints_its_table_and_plot(tmp_path, capsys):
 def test_version_and_help():
     p = subprocess.run([sys.executable, "-m", "robustbn.cli", "--version"], capture_output=True, text=True)
     assert p.returncode == 0 and p.stdout.startswith("robustbn ")
-    for command in ("run", "list", "results", "plot", "toy", "demo"):
+    for command in ("run", "merge", "import", "list", "results", "plot", "toy", "demo"):
         p = subprocess.run([sys.executable, "-m", "robustbn.cli", command, "--help"], capture_output=True, text=True)
         assert p.returncode == 0 and "examples:" in p.stdout, command

@@ -154,6 +154,27 @@ def test_mnist_loads_from_files_in_a_data_dir(tmp_path, monkeypatch):
     assert (tmp_path / "cache").exists()  # uncompressed copies went to the cache, not next to the data
 
 
+def _load_mnist_in_a_process(data_dir: str) -> tuple:
+    return tuple(load_dataset("mnist", data_dir=data_dir).x_train.shape)
+
+
+def test_processes_filling_the_data_cache_at_once_all_load(tmp_path, monkeypatch):
+    """`--jobs` workers start together and each fills the uncompressed cache on first use
+    (a shared temporary name made one of them fail on its rename)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 3000), ("t10k", 10)):  # big enough that the copies overlap in time
+        write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)), 2051)
+        write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10, 2049)
+    with ProcessPoolExecutor(4, mp_context=get_context("spawn")) as pool:
+        shapes = list(pool.map(_load_mnist_in_a_process, [str(tmp_path)] * 8))
+    assert shapes == [(3000, 1, 28, 28)] * 8
+    assert not list((tmp_path / "cache").rglob("*.tmp"))
+
+
 def test_cifar10_loads_from_files_in_a_data_dir(tmp_path, monkeypatch):
     import pickle
 
