@@ -1,17 +1,21 @@
 """Markdown tables of final accuracies for docs/results.md, from results stores or their CSV
 exports (`robustbn results --format csv`), pooled; a run in several sources counts once.
+Each table says which BN message the attack touched: the mean only (seed 002's attack; the
+variance messages `honest`), both statistics alike (`bn_attack`), or the variance only.
 
     python docs/tables.py results/paper.sqlite
     python docs/tables.py docs/results.csv
 """
 
-import csv
 import json
 import statistics
 import sys
 from collections import defaultdict
 
-from robustbn.store import Store
+from robustbn.channels import expand_channels
+from robustbn.store import Store, read_export
+
+NOT_ATTACKS = ("none", "honest")
 
 
 def cell(values):
@@ -26,6 +30,8 @@ def pivot(rows, row_key, col_key, title):
     table = defaultdict(list)
     for r in rows:
         table[row_key(r), col_key(r)].append(r["final_acc"])
+    if not table:
+        return
     rows_ = sorted({k[0] for k in table}, key=str)
     cols = sorted({k[1] for k in table}, key=str)
     print(f"\n{title}\n")
@@ -41,18 +47,38 @@ def cpu_schedule(r) -> bool:
             and r["rounds"] == 200 and r["n"] == 10 and r["batch_size"] == 50 and r["bn_momentum"] == 0.1)
 
 
-def typed(text: str):
-    """A CSV cell back to the number (or list) it was exported from; other text as it is."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+def touched(r) -> str:
+    """Which BN messages the Byzantine clients attack: "mean" (the variance honest or silent),
+    "variance", "both" (the same attack on each), "none", or "other"."""
+    mean, var = r["bn_mean_attack"], r["bn_var_attack"]
+    if mean in NOT_ATTACKS and var in NOT_ATTACKS:
+        return "none"
+    if var in NOT_ATTACKS:
+        return "mean"
+    if mean in NOT_ATTACKS:
+        return "variance"
+    return "both" if (mean, r["bn_mean_attack_params"]) == (var, r["bn_var_attack_params"]) else "other"
+
+
+def attack_cell(r, channel) -> str:
+    """'no attack (10 honest)', 'no attack (7 honest)' or 'attack / defense' of one BN channel."""
+    if r["f"] == 0:
+        return "no attack (10 honest)"
+    if touched(r) == "none":
+        return "no attack (7 honest)"
+    attack, params = r[f"{channel}_attack"], r[f"{channel}_attack_params"]
+    return f"{attack}{json.dumps(params) if params else ''} / {r[f'{channel}_agg']}"
 
 
 def done_rows(path: str) -> list[dict]:
     if path.endswith(".csv"):
-        with open(path, newline="") as f:
-            return [{k: typed(v) for k, v in r.items()} for r in csv.DictReader(f) if r["status"] == "done"]
+        runs = [run for run in read_export(path) if run["status"] == "done"]
+        rows = []
+        for run in runs:
+            history = json.loads(run["history"])
+            rows.append({**expand_channels(json.loads(run["scenario"])), "hash": run["hash"], "history": history,
+                         "final_acc": history[-1]["test_acc"], "wall_time_s": run["wall_time_s"]})
+        return rows
     store = Store(path)
     try:
         return store.rows(status="done")
@@ -66,17 +92,30 @@ def main(paths):
     pivot(fig3, lambda r: r["norm"], lambda r: f"gamma = {r['gamma']}",
           "Figure 3 (Fashion-MNIST): final test accuracy (%), no attack")
     fig4 = [r for r in rows if cpu_schedule(r) and r["norm"] in ("naive", "fbn") and r["gamma"] in (0.0, 0.01)
-            and (r["f"] == 3 or (r["f"] == 0 and r["bn_agg"] == "mean"))]
-    pivot(fig4, lambda r: f"{r['norm']}, gamma = {r['gamma']}",
-          lambda r: "no attack (10 honest)" if r["f"] == 0 else "no attack (7 honest)" if r["bn_attack"] == "none"
-          else f"{r['bn_attack']} / {r['bn_agg']}",
-          "Figure 4 and C.3 (Fashion-MNIST): final test accuracy (%), f = 3 of 10 attack the BN statistics (attack / defense)")
+            and r["grad_attack"] == "none" and (r["f"] == 3 or (r["f"] == 0 and r["bn_agg"] == "mean"))]
+    for kind, channel, title in (
+            ("mean", "bn_mean", "Figure 4 and C.3, the paper's attack: f = 3 of 10 attack the BN means only "
+                                "(variance messages honest); attack / defense"),
+            ("both", "bn_mean", "The testbed's extension: f = 3 of 10 attack both BN statistics with the same "
+                                "attack; attack / defense"),
+            ("variance", "bn_var", "The variance alone: f = 3 of 10 attack the BN variances (mean messages "
+                                   "honest); attack / defense")):
+        cells = [r for r in fig4 if touched(r) in (kind, "none")]
+        if any(touched(r) == kind for r in cells):
+            pivot(cells, lambda r: f"{r['norm']}, gamma = {r['gamma']}", lambda r: attack_cell(r, channel),
+                  f"{title}: final test accuracy (%)")
+    long_sf = [r for r in rows if r["rounds"] == 1500 and r["norm"] in ("naive", "fbn") and r["f"] == 3
+               and r["n"] == 10 and r["batch_size"] == 50 and r["gamma"] == 0.0]
+    pivot(long_sf, lambda r: r["norm"],
+          lambda r: {"mean": "SF on the mean", "both": "SF on mean and variance", "none": "no attack (7 honest)"}
+          .get(touched(r), touched(r)) + ("" if touched(r) == "none" else f" / {r['bn_mean_agg']}"),
+          "The paper's schedule (T = 1500, momentum 0.99), gamma = 0: final test accuracy (%)")
     gap = [r for r in rows if r["algorithm"] == "dsgd" and r["partition"] == "gamma" and r["gamma"] == 0.0
            and r["norm"] in ("fbn", "central", "none") and r["bn_agg"] == "mean" and r["model"] == "simple-cnn"
            and (r["rounds"] == 1500 or (r["rounds"] == 200 and (r["f"] == 0 or r["norm"] == "none")))]
     pivot(gap, lambda r: f"{r['norm']}, n = {r['n']} x batch {r['batch_size']}, beta = {r['bn_momentum']}"
-          + ("" if not r["f"] else f", f = {r['f']} sending nothing" if r["bn_attack"] == "none"
-             else f", {r['bn_attack'].upper()} on the statistics by f = {r['f']}, undefended"),
+          + ("" if not r["f"] else f", f = {r['f']} sending nothing" if touched(r) == "none"
+             else f", SF on the {'statistics' if touched(r) == 'both' else touched(r)} by f = {r['f']}, undefended"),
           lambda r: "T = 200, momentum 0.9" if r["rounds"] == 200 else "T = 1500, momentum 0.99 (paper)",
           "FBN against centralized BN at gamma = 0: final test accuracy (%)")
     for partition, title in (("dirichlet", "Seed 003's setting (FedAvg, Dirichlet 0.6, batch 8)"),
