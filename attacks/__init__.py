@@ -24,7 +24,7 @@ from .basic import (
 )
 from .optimal import OptimalALIE, OptimalFOE
 
-ATTACKS = {c.name: c for c in (SignFlipping, Honest, FallOfEmpires, ALittleIsEnough, Gaussian, NaNAttack,
+ATTACKS = {c.name: c for c in (Honest, SignFlipping, FallOfEmpires, ALittleIsEnough, Gaussian, NaNAttack,
                                InfAttack, Mimic, Scaling, OptimalFOE, OptimalALIE)}
 NAMES = ("none", *ATTACKS)
 

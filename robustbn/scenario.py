@@ -9,7 +9,7 @@ from typing import Any
 import aggregators
 import attacks
 
-from .channels import BN_CHANNELS, CHANNELS, PARTS
+from .channels import BN_CHANNEL_KEYS, BN_CHANNELS, CHANNELS, PARTS
 from .data import DATASETS, PARTITIONS
 from .models import MODELS
 from .norm import NO_BN_MODES, MODES
@@ -17,7 +17,7 @@ from .norm import NO_BN_MODES, MODES
 ALGORITHMS = ("dsgd", "fedavg")
 # Fields left out of `to_dict` while unused, so that a scenario which does not use them keeps
 # the run hash it had before they existed (stores hold hours of finished runs).
-UNUSED_WHEN_NONE = (*(f"{c}_{p}" for c in BN_CHANNELS for p in PARTS), "agg_f")
+UNUSED_WHEN_NONE = (*BN_CHANNEL_KEYS, "agg_f")
 
 
 class ScenarioError(ValueError):

@@ -42,6 +42,7 @@ def test_closed_form_attacks(hf, seed):
     mean = x.numpy().mean(0)
     for out, want in [
         (attacks.SignFlipping()(x, f), -mean),
+        (attacks.Honest()(x, f), mean),
         (attacks.FallOfEmpires()(x, f), -0.1 * mean),
         (attacks.FallOfEmpires(eps=3.0)(x, f), -3.0 * mean),
         (attacks.Scaling(1e-6)(x, f), 1e-6 * mean),
@@ -120,7 +121,7 @@ def test_optimal_attack_beats_fixed_one_against_mean():
 
 def test_build_errors_are_clear():
     assert attacks.build("none") is None
-    with pytest.raises(ValueError, match="unknown attack 'bogus'; allowed: none, sf, foe, alie"):
+    with pytest.raises(ValueError, match="unknown attack 'bogus'; allowed: none, honest, sf, foe, alie"):
         attacks.build("bogus")
     with pytest.raises(ValueError, match="'foe' does not take sigma; allowed: eps"):
         attacks.build("foe", sigma=1.0)
