@@ -83,6 +83,18 @@ def _table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _channel_columns(rows: list[dict], columns: list[str]) -> list[str]:
+    """Table columns without repeats: per part (attack, pipeline, their params), the bn_*
+    shorthand where every row's two BN channels agree, else the per-channel columns."""
+    from .channels import BN_CHANNELS, PARTS
+
+    drop = set()
+    for part in PARTS:
+        alike = all(r.get(f"bn_{part}") is not None for r in rows)
+        drop |= {f"{c}_{part}" for c in BN_CHANNELS} if alike else {f"bn_{part}"}
+    return [c for c in dict.fromkeys(columns) if c not in drop]
+
+
 def _run_and_report(values_scenarios, source, args) -> int:
     from .execute import RayOptions, parse_shard, run_matrix
     from .store import Store
@@ -147,16 +159,17 @@ def _report_added(db: str, store, counts: list[tuple[str, dict]]) -> None:
 
 @_fail_cleanly
 def cmd_list(args) -> int:
+    from .channels import expand_channels
     from .matrix import load
     from .plots import varying
     from .store import scenario_hash
 
     values, scenarios = load(args.file, args.set)
-    rows = [{**sc.to_dict(), "hash": scenario_hash(sc.to_dict())} for sc in scenarios]
-    columns = (varying(rows) if len(rows) > 1 else []) + ["seed", "hash"]
+    rows = [{**expand_channels(sc.to_dict()), "hash": scenario_hash(sc.to_dict())} for sc in scenarios]
+    columns = _channel_columns(rows, (varying(rows) if len(rows) > 1 else []) + ["seed", "hash"])
     if values.get("description"):
         print(values["description"])
-    print(_table(rows, list(dict.fromkeys(columns))))
+    print(_table(rows, columns))
     print(f"{len(rows)} scenarios")
     return 0
 
@@ -164,7 +177,6 @@ def cmd_list(args) -> int:
 @_fail_cleanly
 def cmd_results(args) -> int:
     from .plots import varying
-    from .channels import BN_CHANNEL_KEYS, PARTS
     from .store import RESULT_COLUMNS, Store, export
 
     if not Path(args.db).exists():
@@ -173,10 +185,8 @@ def cmd_results(args) -> int:
     rows = store.rows(_where(args.where), args.status)
     store.close()
     if args.format == "table":
-        shown = (varying(rows) if len(rows) > 1 else ["norm"]) + ["seed", *RESULT_COLUMNS]
-        if all(r.get(f"bn_{part}") is not None for r in rows for part in PARTS):
-            shown = [c for c in shown if c not in BN_CHANNEL_KEYS]  # both BN channels alike: bn_* says it
-        print(_table(rows, list(dict.fromkeys(shown))))
+        shown = _channel_columns(rows, (varying(rows) if len(rows) > 1 else ["norm"]) + ["seed", *RESULT_COLUMNS])
+        print(_table(rows, shown))
         print(f"{len(rows)} runs")
     else:
         # every scenario field of any row (runs made before a field existed lack it)
@@ -393,7 +403,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         ap.print_help()
         return 0
-    return args.run(args)
+    try:
+        return args.run(args)
+    except BrokenPipeError:  # `robustbn results | head`: the reader left, which is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@ import os
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 from robustbn.cli import DEMO_TOML, build_parser, main
 from robustbn.matrix import expand
@@ -34,3 +35,13 @@ def test_version_and_help():
     for command in ("run", "merge", "import", "list", "results", "plot", "toy", "demo"):
         p = subprocess.run([sys.executable, "-m", "robustbn.cli", command, "--help"], capture_output=True, text=True)
         assert p.returncode == 0 and "examples:" in p.stdout, command
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`robustbn list ... | head`: more output than a pipe holds, and the reader goes away."""
+    seeds = "seed=[" + ",".join(map(str, range(30))) + "]"
+    p = subprocess.Popen([sys.executable, "-m", "robustbn.cli", "list", "scenarios/fbn_fig4_cifar10.toml", "--set", seeds],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parent.parent)
+    p.stdout.readline()
+    p.stdout.close()
+    assert p.wait(timeout=60) == 0 and p.stderr.read() == b""
