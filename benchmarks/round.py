@@ -29,6 +29,7 @@ from robustbn.data import DataError, load_dataset, partition  # noqa: E402
 from robustbn.engine import Federation  # noqa: E402
 from robustbn.models import build_model  # noqa: E402
 from robustbn.norm import FedBatchNorm  # noqa: E402
+from robustbn.protocols import get  # noqa: E402
 from robustbn.scenario import Scenario  # noqa: E402
 
 
@@ -108,7 +109,7 @@ def main():
             for norm in args.norms:
                 sc = Scenario.from_dict(dict(
                     dataset=data.name, model=model, norm=norm, n=args.n, f=args.f, batch_size=args.batch, momentum=0.9,
-                    rounds=10**6, grad_attack="alie", bn_attack="none" if norm in ("fedbn", "gn") else "sf",
+                    rounds=10**6, grad_attack="alie", bn_attack="sf" if get(norm).sends_statistics else "none",
                     grad_agg="nnm+median", bn_agg="nnm+median", partition="gamma", gamma=0.0, device=str(dev)))
                 parts = partition(data.y_train.cpu().numpy(), sc.honest, "gamma", 0.0, seed=0)
                 fns = [Federation(sc, data, parts).step, central]

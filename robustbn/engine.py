@@ -25,14 +25,8 @@ import attacks
 
 from .data import Dataset, FeatureShift, augment_crop_flip, client_test_splits, index_table, sample_batches
 from .models import build_model
-from .norm import (
-    FedBatchNorm,
-    client_running_stats,
-    collect_batch_stats,
-    norm_layers,
-    server_stats,
-    set_phase,
-)
+from .norm import FedBatchNorm, collect_batch_stats, norm_layers, set_phase
+from .protocols import get as get_protocol
 from .scenario import Scenario
 
 
@@ -89,14 +83,14 @@ class Federation:
         self.sc, self.data, self.client_chunk = sc, data, client_chunk
         self.device = torch.device(sc.device)
         self.vectorized = self.device.type != "cpu" if vectorized is None else vectorized
-        self.mode = sc.norm
-        self.central = sc.norm == "central"
-        self.h = 1 if self.central else sc.honest  # clients that compute
+        self.protocol = get_protocol(sc.norm).for_scenario(sc)
+        self.h = 1 if self.protocol.union_batch else sc.honest  # clients that compute
         self.t = 0
+        self.measuring = False  # this round's forward passes report BN batch statistics
         torch.manual_seed(sc.seed)  # dropout draws from the global generator (under vmap too)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(sc.seed)
-            model = build_model(sc.model, sc.norm, data.in_channels, data.image_size, data.num_classes,
+            model = build_model(sc.model, self.protocol, data.in_channels, data.image_size, data.num_classes,
                                 sc.gn_groups, sc.dropout)
         self.model = model.to(self.device)
         named = norm_layers(self.model)
@@ -105,10 +99,7 @@ class Federation:
         self.channels_per_layer = [m.weight.shape[0] for m in self.layers]
 
         params = {k: v.detach() for k, v in self.model.named_parameters()}
-        if self.mode == "fedbn":
-            is_local = lambda k: any(k in (f"{l}.weight", f"{l}.bias") for l in self.layer_names)
-        else:
-            is_local = lambda k: k.endswith(".alpha")
+        is_local = lambda k: self.protocol.is_local(k, self.layer_names)
         self.theta = {k: v.clone() for k, v in params.items() if not is_local(k)}
         self.local = {k: v.unsqueeze(0).repeat(self.h, *[1] * v.dim()) for k, v in params.items() if is_local(k)}
 
@@ -120,7 +111,7 @@ class Federation:
         # evaluation data: the global test set, or each client's own test split (FedBN's
         # personalized evaluation; under feature shift, seen through the client's transform)
         self.eval_x, self.eval_y = data.x_test, data.y_test
-        if self.mode == "fedbn" or self.shift is not None:
+        if self.protocol.personalized or self.shift is not None:
             splits = torch.as_tensor(client_test_splits(parts, data.y_train.cpu().numpy(), data.y_test.cpu().numpy(),
                                                         data.num_classes, sc.seed), device=self.device)
             x, y = data.x_test[splits], data.y_test[splits]
@@ -129,11 +120,11 @@ class Federation:
             self.client_test = (x, y)
             self.eval_x, self.eval_y = x.reshape(-1, *x.shape[2:]), y.reshape(-1)
 
-        # shared statistics (and fedbn's client-local ones), flat over all BN layers
+        # shared statistics (and client-local ones, where the protocol keeps them), flat over all BN layers
         c = sum(self.channels_per_layer)
         self.shared_mean = torch.zeros(c, device=self.device)
         self.shared_var = torch.ones(c, device=self.device)
-        if self.mode == "fedbn":
+        if self.protocol.local_statistics:
             self.local_mean = torch.zeros(self.h, c, device=self.device)
             self.local_var = torch.ones(self.h, c, device=self.device)
         self.count = self._values_per_channel()
@@ -152,8 +143,8 @@ class Federation:
         """K per channel (batch x H x W of one client's batch), measured by one dry forward."""
         if not self.layers:
             return torch.zeros(0, device=self.device)
-        batch = self.sc.batch_size * (self.sc.honest if self.central else 1)
-        set_phase(self.model, "train")
+        batch = self.sc.batch_size * (self.sc.honest if self.protocol.union_batch else 1)
+        self.set_phase("train")
         with torch.no_grad():
             self.model(torch.zeros(batch, *self.data.x_train.shape[1:], device=self.device))
         for l in self.layers:
@@ -172,7 +163,7 @@ class Federation:
     def _forward_loss(self, theta, local, buffers, x, y):
         out = functional_call(self.model, {**theta, **local, **buffers}, (x,))
         loss = F.cross_entropy(out, y)
-        if self.layers and self.layers[0].phase == "train":
+        if self.measuring:
             return loss, (loss.detach(), *collect_batch_stats(self.layers))
         return loss, (loss.detach(),)
 
@@ -207,28 +198,17 @@ class Federation:
             x = self.shift(x, self.gen, clients)
         if self.augment:
             x = augment_crop_flip(x.reshape(-1, *x.shape[2:]), self.gen).reshape(x.shape)
-        if self.central:  # one client holding the union of the honest mini-batches
+        if self.protocol.union_batch:  # one client holding the union of the honest mini-batches
             x, y = x.reshape(1, -1, *x.shape[2:]), y.reshape(1, -1)
         return x, y
 
-    @property
-    def frozen(self) -> bool:
-        return self.mode == "fixbn" and self.t > self.sc.switch_round  # rounds 1..T* run as naive
-
-    @property
-    def sends_stats(self) -> bool:
-        return self.mode in ("naive", "fbn", "fixbn", "hbn", "central") and not self.frozen
-
     def _server_stats(self, msg_mean: torch.Tensor, msg_var: torch.Tensor) -> None:
-        """Attack and aggregate the two BN channels, then update the shared statistics."""
-        if self.central:
-            self.shared_mean, self.shared_var = msg_mean[0], msg_var[0]
-            return
-        self.shared_mean, self.shared_var = server_stats(
-            self.mode, self.shared_mean, self.shared_var,
-            self.mean_channel.messages(msg_mean), self.var_channel.messages(msg_var),
-            self.count, self.sc.n, self.sc.bn_momentum,
-            self.mean_channel.pipeline, self.var_channel.pipeline, self.sc.hbn_lambda, self._together)
+        """Attack and aggregate the two BN channels, then update the shared statistics by the
+        protocol; a coordinate whose update is not finite keeps its old value."""
+        self.shared_mean, self.shared_var = self.protocol.server_stats(
+            self.shared_mean, self.shared_var, self.mean_channel.messages(msg_mean),
+            self.var_channel.messages(msg_var), self.count, self.sc.n, self.sc.bn_momentum,
+            self.mean_channel.pipeline, self.var_channel.pipeline, self._together)
 
     def _together(self, calls):
         """Independent aggregations of the BN channels [(pipeline, messages), ...], in one
@@ -241,8 +221,14 @@ class Federation:
             return [agg(x) for agg, x in calls]
         return list(first.stacked(torch.stack([x for _, x in calls])))
 
+    def set_phase(self, phase: str) -> None:
+        """Put the BN layers in `phase` ("train", "frozen", "eval"); forward passes report
+        their batch statistics (as aux) exactly when the model has BN layers in training."""
+        set_phase(self.model, phase)
+        self.measuring = bool(self.layers) and phase == "train"
+
     def _apply_local(self, grads_local, lr) -> None:
-        """DSGD: client-local parameters (fedbn's BN affine, hbn's alpha) take their own
+        """DSGD: client-local parameters (FedBN's BN affine, HBN's alpha) take their own
         momentum SGD step, like the weights but without leaving the client."""
         wd, mom = self.sc.weight_decay, self.sc.momentum
         for k, g in grads_local.items():
@@ -255,7 +241,7 @@ class Federation:
     def step(self) -> None:
         """One federated round."""
         self.t += 1
-        set_phase(self.model, "frozen" if self.frozen else "train")
+        self.set_phase(self.protocol.phase(self.t))
         if self.sc.algorithm == "dsgd":
             self._dsgd_round()
         else:
@@ -265,10 +251,10 @@ class Federation:
     def _dsgd_round(self) -> None:
         sc, lr = self.sc, self.sc.lr_at(self.t)
         x, y = self._sample()
-        fedbn = self.mode == "fedbn"
-        buffers = self._buffers(self.local_mean, self.local_var) if fedbn else self._buffers(self.shared_mean, self.shared_var)
+        local = self.protocol.local_statistics
+        buffers = self._buffers(self.local_mean, self.local_var) if local else self._buffers(self.shared_mean, self.shared_var)
         (g_theta, g_local), aux = self._client_grads(self.theta, self.local, buffers, x, y,
-                                                     theta_batched=False, buffers_batched=fedbn)
+                                                     theta_batched=False, buffers_batched=local)
         self.train_loss_sum += aux[0].mean()
 
         flat_theta = _flat(self.theta, 0)
@@ -282,25 +268,22 @@ class Federation:
         self.theta = _unflat(flat_theta - lr * update, self.theta, 0)
         self._apply_local(g_local, lr)
 
-        if self.mode == "hbn" and len(aux) == 3:  # measured under the weights received (see _fedavg_round)
-            self._server_stats(aux[1], aux[2])
-        elif fedbn and len(aux) == 3:
-            self.local_mean, self.local_var = client_running_stats(
-                "fedbn", self.local_mean, self.local_var, aux[1], aux[2], self.count, sc.n, sc.bn_momentum)
-        elif self.sends_stats and len(aux) == 3:
-            mean, var = client_running_stats(self.mode, self.shared_mean, self.shared_var, aux[1], aux[2],
-                                             self.count, sc.n, sc.bn_momentum)
-            self._server_stats(mean, var)
+        if self.measuring and local:
+            self.local_mean, self.local_var = self.protocol.client_report(
+                self.local_mean, self.local_var, aux[1], aux[2], self.count, sc.n, sc.bn_momentum)
+        elif self.measuring and self.protocol.sends(self.t):
+            self._server_stats(*self.protocol.client_report(self.shared_mean, self.shared_var, aux[1], aux[2],
+                                                            self.count, sc.n, sc.bn_momentum))
 
     def _fedavg_round(self) -> None:
         sc, lr = self.sc, self.sc.lr_at(self.t)
         m = max(1, round(sc.participation * self.h))
         clients = None if m == self.h else torch.randperm(self.h, generator=self.gen, device=self.device)[:m]
         pick = (lambda v: v) if clients is None else (lambda v: v[clients])
-        fedbn = self.mode == "fedbn"
+        local_stats, sends = self.protocol.local_statistics, self.protocol.sends(self.t)
         theta = {k: v.unsqueeze(0).repeat(m, *[1] * v.dim()) for k, v in self.theta.items()}
         local = {k: pick(v) for k, v in self.local.items()}
-        if fedbn:
+        if local_stats:
             run_mean, run_var = pick(self.local_mean), pick(self.local_var)
         else:
             run_mean = self.shared_mean.expand(m, -1)
@@ -310,22 +293,22 @@ class Federation:
         velocity = {k: torch.zeros_like(v) for k, v in {**theta, **local}.items()}
         for _ in range(sc.local_steps):
             x, y = self._sample(clients)
-            buffers = self._buffers(run_mean, run_var) if fedbn else shared_buffers
+            buffers = self._buffers(run_mean, run_var) if local_stats else shared_buffers
             (g_theta, g_local), aux = self._client_grads(theta, local, buffers, x, y,
-                                                         theta_batched=True, buffers_batched=fedbn)
+                                                         theta_batched=True, buffers_batched=local_stats)
             self.train_loss_sum += aux[0].mean() / sc.local_steps
-            if self.mode == "hbn" and measured is None and len(aux) == 3:
-                # HBN's "statistics of the client's data under the received weights, forward
-                # only" (seed 003): the first local step's forward is that very pass, on a
-                # fresh mini-batch, so no separate measuring pass is needed.
-                measured = aux[1], aux[2]
+            if self.measuring and not self.protocol.report_each_step and measured is None:
+                # a report measured once, under the weights received (HBN): the first local
+                # step's forward is that very pass, on a fresh mini-batch
+                measured = self.protocol.client_report(run_mean, run_var, aux[1], aux[2], self.count, sc.n,
+                                                       sc.bn_momentum)
             for params, grads in ((theta, g_theta), (local, g_local)):
                 for k, g in grads.items():
                     velocity[k] = sc.momentum * velocity[k] + g + sc.weight_decay * params[k]
                     params[k] = params[k] - lr * velocity[k]
-            if len(aux) == 3 and (fedbn or (self.sends_stats and self.mode != "hbn")):
-                run_mean, run_var = client_running_stats(self.mode, run_mean, run_var, aux[1], aux[2],
-                                                         self.count, sc.n, sc.bn_momentum)
+            if self.measuring and self.protocol.report_each_step and (local_stats or sends):
+                run_mean, run_var = self.protocol.client_report(run_mean, run_var, aux[1], aux[2], self.count, sc.n,
+                                                                sc.bn_momentum)
         deltas = _flat(theta, 1) - _flat(self.theta, 0)
         update = torch.nan_to_num(self.grad_channel.aggregate(deltas), nan=0.0, posinf=0.0, neginf=0.0)
         self.theta = _unflat(_flat(self.theta, 0) + update, self.theta, 0)
@@ -334,25 +317,23 @@ class Federation:
                 self.local[k] = v
             else:
                 self.local[k][clients] = v
-        if fedbn:
+        if local_stats:
             if clients is None:
                 self.local_mean, self.local_var = run_mean, run_var
             else:
                 self.local_mean[clients], self.local_var[clients] = run_mean, run_var
-        elif self.mode == "hbn" and measured is not None:
-            self._server_stats(*measured)
-        elif self.sends_stats:
-            self._server_stats(run_mean, run_var)
+        elif sends:
+            self._server_stats(*(measured if measured is not None else (run_mean, run_var)))
 
     # ---- evaluation ------------------------------------------------------------------------
 
     def evaluate(self, batch: int = 2000) -> tuple[torch.Tensor, torch.Tensor]:
         """(test accuracy, test loss) of the global model in evaluation mode, as device
-        tensors; FedBN: the mean over clients of each client's model on its own test split;
-        under feature shift, on the clients' transformed test splits."""
-        set_phase(self.model, "eval")
+        tensors; a personalized protocol (FedBN): the mean over clients of each client's model
+        on its own test split; under feature shift, on the clients' transformed test splits."""
+        self.set_phase("eval")
         with torch.no_grad():
-            if self.mode == "fedbn":
+            if self.protocol.personalized:
                 def client_eval(lo, bu, x, y):
                     out = functional_call(self.model, {**self.theta, **lo, **bu}, (x,))
                     return (out.argmax(1) == y).float().mean(), F.cross_entropy(out, y)

@@ -1,13 +1,18 @@
-"""Models of the papers, each with a `norm` switch (a mode of `robustbn.norm.MODES`)."""
+"""Models of the papers, each with a `norm` switch: a BN protocol (robustbn/protocols/) or its name."""
 
 from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import nn
 
-from .norm import make_norm
-
 MODELS = ("cnn", "simple-cnn", "resnet20")
+
+
+def make_norm(norm, channels: int, gn_groups: int = 2) -> nn.Module:
+    """The normalization layer a protocol (or a registered protocol's name) puts after a
+    convolution of `channels` outputs."""
+    from .protocols import get
+    return (get(norm)() if isinstance(norm, str) else norm).norm_layer(channels, gn_groups)
 
 
 class TableOneCNN(nn.Module):
@@ -15,7 +20,7 @@ class TableOneCNN(nn.Module):
     the norm layer, max-pooling and dropout 0.25 after the second and fourth, then
     Linear(., 128), ReLU, Linear(128, classes). Sized from the input's channels and side."""
 
-    def __init__(self, norm: str, in_channels: int = 3, image_size: int = 32, num_classes: int = 10,
+    def __init__(self, norm, in_channels: int = 3, image_size: int = 32, num_classes: int = 10,
                  gn_groups: int = 2, dropout: float = 0.25):
         super().__init__()
         def block(cin, cout):
@@ -36,7 +41,7 @@ class SimpleCNN(nn.Module):
     """Seed 003, Table 7: three blocks Conv(3x3; 16, 32, 64) -> norm -> ReLU -> MaxPool(2),
     then FC(., 128), ReLU, FC(128, classes)."""
 
-    def __init__(self, norm: str, in_channels: int = 3, image_size: int = 32, num_classes: int = 10,
+    def __init__(self, norm, in_channels: int = 3, image_size: int = 32, num_classes: int = 10,
                  gn_groups: int = 2):
         super().__init__()
         layers, cin = [], in_channels
@@ -53,7 +58,7 @@ class SimpleCNN(nn.Module):
 
 
 class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int, norm: str, gn_groups: int):
+    def __init__(self, cin: int, cout: int, stride: int, norm, gn_groups: int):
         super().__init__()
         self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
         self.norm1 = make_norm(norm, cout, gn_groups)
@@ -75,7 +80,7 @@ class ResNet20(nn.Module):
     """ResNet-20 for small images (He et al. 2016; seeds 000/001): 3 stages of 3 basic blocks,
     16/32/64 channels, parameter-free shortcuts."""
 
-    def __init__(self, norm: str, in_channels: int = 3, image_size: int = 32, num_classes: int = 10,
+    def __init__(self, norm, in_channels: int = 3, image_size: int = 32, num_classes: int = 10,
                  gn_groups: int = 2):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(in_channels, 16, 3, padding=1, bias=False),
@@ -92,7 +97,7 @@ class ResNet20(nn.Module):
         return self.head(self.blocks(self.stem(x)).mean((2, 3)))
 
 
-def build_model(name: str, norm: str, in_channels: int, image_size: int, num_classes: int,
+def build_model(name: str, norm, in_channels: int, image_size: int, num_classes: int,
                 gn_groups: int = 2, dropout: float = 0.25) -> nn.Module:
     if name == "cnn":
         return TableOneCNN(norm, in_channels, image_size, num_classes, gn_groups, dropout)

@@ -21,8 +21,6 @@ KINDS = ("curves", "heterogeneity", "heatmap")
 IGNORED = {"seed", "device", "data_dir"}
 SUMMARY = {"final_acc", "best_acc", "final_loss", "rounds_done", "status", "wall_time_s", "hash", "history", "error"}
 
-NORM_WORDS = {"naive": "naive BN", "fbn": "FBN", "fixbn": "FixBN", "hbn": "HBN", "fedbn": "FedBN",
-              "central": "centralized BN", "gn": "GroupNorm", "none": "no normalization"}
 NORM_COLORS = {"naive": "tab:red", "fbn": "tab:blue", "fixbn": "tab:green", "hbn": "tab:purple",
                "fedbn": "tab:brown", "central": "black", "gn": "tab:olive", "none": "tab:gray"}
 OTHER_COLORS = ("tab:orange", "tab:cyan", "tab:pink", "gold", "teal", "navy", "lime", "maroon")
@@ -76,7 +74,9 @@ def channels(row: dict[str, Any]) -> dict[str, tuple[str, dict, str, dict]]:
     send: the gradients, and the BN statistics where the norm mode shares them. Old rows (only
     `bn_attack` / `bn_agg`) read as both BN channels set alike."""
     row = expand_channels(row)
-    names = ["grad"] + ([] if row.get("norm") in ("fedbn", "gn", "none") else list(BN_CHANNELS))
+    from .protocols import PROTOCOLS
+    protocol = PROTOCOLS.get(row.get("norm"))  # a protocol this installation lacks: read as sending statistics
+    names = ["grad"] + (list(BN_CHANNELS) if protocol is None or protocol.sends_statistics else [])
     return {c: tuple(row.get(f"{c}_{p}") if row.get(f"{c}_{p}") is not None else unset
                      for p, unset in PARTS.items()) for c in names}
 
@@ -130,7 +130,8 @@ def defense_words(row: dict[str, Any]) -> str:
 
 
 def norm_words(norm: str) -> str:
-    return NORM_WORDS.get(norm, norm)
+    from .protocols import PROTOCOLS
+    return PROTOCOLS[norm].label if norm in PROTOCOLS else norm
 
 
 # fields the words above say: where the words tell two groups apart, no "key=value" for them
@@ -185,7 +186,7 @@ class Legend:
 
     @staticmethod
     def _order(row):
-        norms = list(NORM_WORDS)
+        norms = list(NORM_COLORS)
         attack = attack_words(row)
         return (norms.index(row["norm"]) if row["norm"] in norms else len(norms), row["norm"],
                 not attack.startswith(NO_ATTACK), attack, defense_words(row) != "mean", defense_words(row),
@@ -257,7 +258,7 @@ def heatmap(rows, fig):
     per norm mode."""
     attack_of = {id(r): attack_words(r) for r in rows}
     defense_of = {id(r): defense_words(r) for r in rows}
-    norms = sorted({r["norm"] for r in rows}, key=lambda n: (list(NORM_WORDS).index(n) if n in NORM_WORDS else 99, n))
+    norms = sorted({r["norm"] for r in rows}, key=lambda n: (list(NORM_COLORS).index(n) if n in NORM_COLORS else 99, n))
     attacks = sorted(set(attack_of.values()), key=lambda a: (not a.startswith(NO_ATTACK), a))
     defenses = sorted(set(defense_of.values()), key=lambda d: (d != "mean", d))
     axes = fig.subplots(1, len(norms), squeeze=False)[0]

@@ -15,7 +15,7 @@ from .scenario import Scenario
 class Result:
     scenario: dict[str, Any]
     history: list[dict[str, float]]     # one row per evaluation: round, test_acc, test_loss, train_loss
-    bn_stats: dict[str, dict[str, list[float]]]  # BN layer -> {"mean": [...], "var": [...]} (shared; fedbn: client 0's)
+    bn_stats: dict[str, dict[str, list[float]]]  # BN layer -> {"mean": [...], "var": [...]} (shared; where kept on the clients: client 0's)
     wall_time_s: float
     device: str
     extra: dict[str, Any] = field(default_factory=dict)
@@ -46,7 +46,8 @@ def run(scenario: Scenario | dict[str, Any], data: Dataset | None = None, progre
             progress(t)
     history = [{"round": t, "test_acc": acc.item(), "test_loss": loss.item(), "train_loss": tl.item()}
                for t, acc, loss, tl in evaluations]
-    mean, var = (fed.local_mean[0], fed.local_var[0]) if sc.norm == "fedbn" else (fed.shared_mean, fed.shared_var)
+    local = fed.protocol.local_statistics
+    mean, var = (fed.local_mean[0], fed.local_var[0]) if local else (fed.shared_mean, fed.shared_var)
     stats = {name: {"mean": m.tolist(), "var": v.tolist()}
              for name, m, v in zip(fed.layer_names, mean.split(fed.channels_per_layer), var.split(fed.channels_per_layer))}
     return Result(sc.to_dict(), history, stats, time.perf_counter() - start, str(fed.device))

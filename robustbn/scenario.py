@@ -12,7 +12,7 @@ import attacks
 from .channels import BN_CHANNEL_KEYS, BN_CHANNELS, CHANNELS, PARTS
 from .data import DATASETS, PARTITIONS
 from .models import MODELS
-from .norm import NO_BN_MODES, MODES
+from .protocols import PROTOCOLS
 
 ALGORITHMS = ("dsgd", "fedavg")
 # Fields left out of `to_dict` while unused, so that a scenario which does not use them keeps
@@ -180,7 +180,8 @@ class Scenario:
         choice("dataset", DATASETS)
         choice("partition", PARTITIONS)
         choice("model", MODELS)
-        choice("norm", MODES)
+        choice("norm", tuple(PROTOCOLS))
+        protocol = PROTOCOLS[self.norm]
         choice("algorithm", ALGORITHMS)
         number("gamma", 0, 1)
         number("alpha", 0, float("inf"), low_open=True, high_open=True)
@@ -194,7 +195,7 @@ class Scenario:
         integer("n", 1)
         integer("f", 0)
         integer("rounds", 1)
-        integer("batch_size", 1 if self.norm in NO_BN_MODES else 2)
+        integer("batch_size", 2 if protocol.uses_bn else 1)  # batch statistics need two values
         integer("local_steps", 1)
         integer("eval_every", 1)
         integer("seed", 0)
@@ -214,8 +215,6 @@ class Scenario:
             raise ScenarioError("local_steps", "DSGD takes one step per round; use algorithm = 'fedavg' for local steps")
         if self.algorithm == "dsgd" and self.participation != 1.0:
             raise ScenarioError("participation", "partial participation is for algorithm = 'fedavg'")
-        if self.norm == "central" and self.f != 0:
-            raise ScenarioError("f", "norm = 'central' is the attack-free reference: it admits f = 0 only")
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ScenarioError("device", f"allowed: 'cpu', 'cuda', 'cuda:N'; got {self.device!r}")
         if self.device.startswith("cuda"):
@@ -227,6 +226,7 @@ class Scenario:
         self.canonical()
         for channel in CHANNELS:
             self._validate_channel(channel)
+        protocol.check(self)
         return self
 
     def _validate_channel(self, channel: str) -> None:
@@ -238,7 +238,7 @@ class Scenario:
         for key in (self.key_of(channel, "attack_params"), self.key_of(channel, "agg_params")):
             if not isinstance(getattr(self, key), (dict, type(None))):
                 raise ScenarioError(key, f"must be a table of parameters, got {getattr(self, key)!r}")
-        if channel != "grad" and self.norm in ("fedbn", *NO_BN_MODES) and name != "none":
+        if channel != "grad" and not PROTOCOLS[self.norm].sends_statistics and name != "none":
             raise ScenarioError(attack_key, f"norm = {self.norm!r} sends no BN statistics; allowed: 'none'")
         if name != "none" and self.f == 0:
             raise ScenarioError(attack_key, f"{name!r} needs f >= 1 Byzantine clients (f = 0); use 'none'")

@@ -13,7 +13,8 @@ import math
 
 import torch
 
-from .norm import client_running_stats, fbn_server_stats
+from .protocols import FBN, Naive
+from .protocols.fbn import fbn_server_stats
 
 EPS = 1e-5
 TOY_MODES = ("naive", "fbn", "fixbn")
@@ -74,12 +75,12 @@ def normalization_experiment(gamma: float, rounds: int = 100, batch: int = 30, b
                 outputs[mode] = _normalize(x, mean, var)
                 continue
             outputs[mode] = _normalize(x, b_mean[:, None], b_var[:, None])
-            m_i, v_i = client_running_stats("naive", mean, var, b_mean, b_var, count, n, beta)
+            m_i, v_i = Naive().client_report(mean, var, b_mean, b_var, count, n, beta)
             stats[mode] = (m_i.mean(0), v_i.mean(0))
         # fbn: shared running statistics, server correction
         mean, var = stats["fbn"]
         outputs["fbn"] = _normalize(x, mean, var)
-        m_i, v_i = client_running_stats("fbn", mean, var, b_mean, b_var, count, n, beta)
+        m_i, v_i = FBN().client_report(mean, var, b_mean, b_var, count, n, beta)
         stats["fbn"] = fbn_server_stats(m_i, v_i, count, n, beta, lambda m: m.mean(0), lambda v: v.mean(0))
 
         for mode in TOY_MODES:

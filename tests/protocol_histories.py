@@ -10,7 +10,9 @@ from pathlib import Path
 import torch
 
 import robustbn
-from robustbn.norm import MODES, NO_BN_MODES
+from robustbn.protocols import names
+
+MODES, NO_BN_MODES = names(), names(uses_bn=False)
 
 PATH = Path(__file__).parent / "data" / "protocol_histories.json"
 

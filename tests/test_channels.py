@@ -12,12 +12,13 @@ import aggregators
 import attacks
 from robustbn.engine import _flat
 from robustbn.matrix import expand, load
-from robustbn.norm import MODES, STAT_MODES, client_running_stats, set_phase
+from robustbn.protocols import names
 from robustbn.scenario import Scenario, ScenarioError
 from robustbn.store import scenario_hash
 from test_engine import assert_same_runs, federation
 
 ROOT = Path(__file__).resolve().parent.parent
+MODES, STAT_MODES = names(), names(sends_statistics=True)
 
 # a different attack factor and pipeline per channel, so that swapping or merging two shows
 FACTORS = {"grad": 2.0, "bn_mean": 3.0, "bn_var": 5.0}
@@ -64,11 +65,11 @@ def honest_messages(fed):
     state = fed.gen.get_state()
     x, y = fed._sample()
     fed.gen.set_state(state)
-    set_phase(fed.model, "train")
+    fed.set_phase("train")
     (g_theta, _), aux = fed._client_grads(fed.theta, fed.local, fed._buffers(fed.shared_mean, fed.shared_var),
                                           x, y, theta_batched=False, buffers_batched=False)
-    mean, var = client_running_stats(fed.mode, fed.shared_mean, fed.shared_var, aux[1], aux[2], fed.count,
-                                     fed.sc.n, fed.sc.bn_momentum)
+    mean, var = fed.protocol.client_report(fed.shared_mean, fed.shared_var, aux[1], aux[2], fed.count,
+                                           fed.sc.n, fed.sc.bn_momentum)
     return {"grad": _flat(g_theta, 1), "bn_mean": mean, "bn_var": var}
 
 

@@ -10,8 +10,11 @@ from torch.func import functional_call
 import robustbn
 from robustbn.data import load_dataset, partition
 from robustbn.engine import Federation, _flat
-from robustbn.norm import NO_BN_MODES, MODES, collect_batch_stats, set_phase
+from robustbn.norm import collect_batch_stats, set_phase
+from robustbn.protocols import names
 from robustbn.scenario import Scenario
+
+MODES, NO_BN_MODES = names(), names(uses_bn=False)
 
 
 @functools.lru_cache(maxsize=1)
@@ -53,7 +56,7 @@ def state(fed):
     out = {f"theta.{k}": v for k, v in fed.theta.items()}
     out.update({f"local.{k}": v for k, v in fed.local.items()})
     out["shared_mean"], out["shared_var"] = fed.shared_mean, fed.shared_var
-    if fed.mode == "fedbn":
+    if fed.protocol.local_statistics:
         out["local_mean"], out["local_var"] = fed.local_mean, fed.local_var
     return out
 
@@ -82,7 +85,8 @@ def test_vectorized_engine_equals_reference_loop(norm, algorithm):
 def test_per_client_gradients_and_statistics_match_the_loop(norm):
     fast, slow = federation(True, norm=norm), federation(False, norm=norm)
     x, y = fast._sample()
-    set_phase(fast.model, "train")
+    fast.set_phase("train")
+    slow.set_phase("train")
     buffers = fast._buffers(fast.shared_mean, fast.shared_var) if norm != "fedbn" else fast._buffers(fast.local_mean, fast.local_var)
     args = (fast.theta, fast.local, buffers, x, y)
     (ga, la), aux_a = fast._client_grads(*args, theta_batched=False, buffers_batched=norm == "fedbn")

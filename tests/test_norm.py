@@ -9,18 +9,26 @@ from hypothesis import strategies as st
 from torch import nn
 
 from robustbn.models import MODELS, build_model
-from robustbn.norm import (
-    FedBatchNorm,
-    HybridNorm,
-    batch_moments,
-    client_running_stats,
-    fbn_server_stats,
-    hbn_server_stats,
-    keep_finite,
-    norm_layers,
-    server_stats,
-    variance_factor,
-)
+from robustbn.norm import FedBatchNorm, batch_moments, keep_finite, norm_layers
+from robustbn.protocols import get
+from robustbn.protocols.base import one_by_one
+from robustbn.protocols.fbn import fbn_server_stats
+from robustbn.protocols.hbn import HybridNorm, hbn_server_stats
+
+
+def client_running_stats(mode, prev_mean, prev_var, batch_mean, batch_var, count, n, beta):
+    return get(mode)().client_report(prev_mean, prev_var, batch_mean, batch_var, count, n, beta)
+
+
+def server_stats(mode, shared_mean, shared_var, msg_mean, msg_var, count, n, beta, agg_mean, agg_var,
+                 hbn_lambda=0.01, together=one_by_one):
+    return get(mode)(hbn_lambda=hbn_lambda).server_stats(shared_mean, shared_var, msg_mean, msg_var, count, n, beta,
+                                                         agg_mean, agg_var, together)
+
+
+def variance_factor(mode, count, n):
+    return get(mode)().variance_factor(count, n)
+
 
 mean_agg = lambda m: m.mean(0)
 

@@ -1,0 +1,45 @@
+"""BN protocols, one file each: how a BN layer normalizes on a client, which parameters stay
+there, what statistics a client sends, how the server combines them, what evaluation uses
+(robustbn/protocols/base.py has the hooks). A registry maps names to classes; a new protocol
+is one file and one line below, or `@register` on a class of one's own."""
+
+from __future__ import annotations
+
+from .base import Protocol
+from .central import Central
+from .fbn import FBN
+from .fedbn import FedBN
+from .fixbn import FixBN
+from .gn import GroupNormProtocol
+from .hbn import HBN
+from .naive import Naive
+from .none import NoNorm
+
+PROTOCOLS: dict[str, type[Protocol]] = {}
+
+
+def register(cls: type[Protocol]) -> type[Protocol]:
+    """Add a protocol class to the registry under its `name` (usable as a decorator)."""
+    if not (isinstance(cls, type) and issubclass(cls, Protocol)):
+        raise TypeError(f"register: {cls!r} is not a subclass of robustbn.protocols.Protocol")
+    PROTOCOLS[cls.name] = cls
+    return cls
+
+
+for _cls in (Naive, FBN, FixBN, HBN, FedBN, Central, GroupNormProtocol, NoNorm):
+    register(_cls)
+
+
+def get(name: str) -> type[Protocol]:
+    if name not in PROTOCOLS:
+        raise ValueError(f"unknown norm protocol {name!r}; allowed: {', '.join(PROTOCOLS)}")
+    return PROTOCOLS[name]
+
+
+def names(**having) -> tuple[str, ...]:
+    """Registered protocol names, those whose class attributes equal `having` (e.g. uses_bn=False)."""
+    return tuple(n for n, c in PROTOCOLS.items() if all(getattr(c, k) == v for k, v in having.items()))
+
+
+__all__ = ["PROTOCOLS", "Protocol", "get", "names", "register", "Naive", "FBN", "FixBN", "HBN", "FedBN", "Central",
+           "GroupNormProtocol", "NoNorm"]
