@@ -10,17 +10,16 @@ channels per client and channel (`bn_mean`, `bn_var`).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
 class FedBatchNorm(nn.Module):
-    """Batch normalization whose training forward is its protocol's `normalize`.
+    """Batch normalization whose forward is its protocol's.
 
-    phase "train": the protocol's normalization; the layer keeps the (detached) batch mean
-    and biased variance and the count K of values per channel in `batch_stats` and `count`
-    for the engine to read. Phase "frozen" (FixBN's second stage) and "eval": the running
-    statistics. `protocol` is a Protocol or a registered protocol's name.
+    phase "train": the protocol's `normalize`; the layer keeps the (detached) batch mean and
+    biased variance and the count K of values per channel in `batch_stats` and `count` for
+    the engine to read. Phase "frozen" (FixBN's second stage) and "eval": the protocol's
+    `normalize_with_running`. `protocol` is a Protocol or a registered protocol's name.
     """
 
     def __init__(self, num_features: int, protocol, eps: float = 1e-5):
@@ -43,7 +42,7 @@ class FedBatchNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.phase in ("eval", "frozen"):
-            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
+            return self.protocol.normalize_with_running(self, x)
         self.count = x.numel() // x.shape[1]
         out, batch_mean, batch_var = self.protocol.normalize(self, x)
         self.batch_stats = (batch_mean, batch_var)

@@ -24,10 +24,11 @@ def test_the_engine_names_no_protocol():
 
 
 def test_registry_lists_the_built_in_protocols_with_what_they_are():
-    assert protocols.names() == ("naive", "fbn", "fixbn", "hbn", "fedbn", "central", "gn", "none")
+    assert protocols.names() == ("naive", "fbn", "fixbn", "hbn", "fedbn", "central", "gn", "none", "fbn-scale",
+                                 "silobn")
     assert protocols.names(uses_bn=False) == ("gn", "none")
-    assert protocols.names(sends_statistics=True) == ("naive", "fbn", "fixbn", "hbn", "central")
-    assert protocols.names(local_statistics=True) == ("fedbn",)
+    assert protocols.names(sends_statistics=True) == ("naive", "fbn", "fixbn", "hbn", "central", "fbn-scale")
+    assert protocols.names(local_statistics=True) == ("fedbn", "silobn")
     with pytest.raises(ValueError, match="unknown norm protocol 'bn'; allowed: naive, fbn"):
         protocols.get("bn")
     with pytest.raises(TypeError, match="not a subclass"):
@@ -71,7 +72,38 @@ def test_default_hooks_are_naive_bn_unless_overridden(name):
     """The hooks a protocol does not override behave as naive BN's: checked on plain values."""
     protocol, naive = PROTOCOLS[name](switch_round=2), Protocol(switch_round=2)
     count, n = torch.tensor([9.0]), 4
-    want = {"fbn": 36 / 35}.get(name, 9 / 8)
+    want = {"fbn": 36 / 35, "fbn-scale": 36 / 35}.get(name, 9 / 8)
     assert protocol.variance_factor(count, n).item() == pytest.approx(want)
     assert protocol.phase(3) == ("frozen" if name == "fixbn" else naive.phase(3))
     assert protocol.sends(1) == protocol.sends_statistics
+
+
+def test_scale_only_fbn_divides_by_the_shared_std_and_centers_nothing():
+    from robustbn.norm import FedBatchNorm
+    layer = FedBatchNorm(3, "fbn-scale")
+    layer.running_mean.fill_(1.0)
+    layer.running_var.fill_(4.0)
+    x = (torch.randn(16, 3, 5, 5, generator=torch.Generator().manual_seed(0)) * 3 + 2).requires_grad_()
+    want = x.detach() / (4.0 + layer.eps) ** 0.5
+    out = layer(x)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(layer.batch_stats[0], x.detach().mean((0, 2, 3)))  # it measures as FBN does
+    out.sum().backward()  # no gradient through the statistics: a constant scale
+    torch.testing.assert_close(x.grad, torch.full_like(x, (4.0 + layer.eps) ** -0.5))
+    layer.phase = "eval"
+    torch.testing.assert_close(layer(x.detach()), want)  # evaluation does not center either
+
+
+def test_silobn_shares_the_affine_parameters_and_keeps_the_statistics_local():
+    from test_engine import federation
+    fed = federation(False, norm="silobn", bn_attack="none")
+    bn_affine = {f"{l}.{p}" for l in fed.layer_names for p in ("weight", "bias")}
+    assert bn_affine <= set(fed.theta) and not fed.local  # aggregated with the weights
+    sent = []
+    fed.mean_channel.messages = lambda honest: sent.append(honest) or honest
+    for _ in range(3):
+        fed.step()
+    assert sent == [] and torch.equal(fed.shared_mean, torch.zeros_like(fed.shared_mean))
+    assert not torch.allclose(fed.local_mean[0], fed.local_mean[1])  # each client's own statistics
+    acc, _ = fed.evaluate()
+    assert fed.protocol.personalized and 0 <= acc.item() <= 1

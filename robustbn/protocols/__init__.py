@@ -8,12 +8,14 @@ from __future__ import annotations
 from .base import Protocol
 from .central import Central
 from .fbn import FBN
+from .fbn_scale import ScaleOnlyFBN
 from .fedbn import FedBN
 from .fixbn import FixBN
 from .gn import GroupNormProtocol
 from .hbn import HBN
 from .naive import Naive
 from .none import NoNorm
+from .silobn import SiloBN
 
 PROTOCOLS: dict[str, type[Protocol]] = {}
 
@@ -26,7 +28,7 @@ def register(cls: type[Protocol]) -> type[Protocol]:
     return cls
 
 
-for _cls in (Naive, FBN, FixBN, HBN, FedBN, Central, GroupNormProtocol, NoNorm):
+for _cls in (Naive, FBN, FixBN, HBN, FedBN, Central, GroupNormProtocol, NoNorm, ScaleOnlyFBN, SiloBN):
     register(_cls)
 
 
@@ -42,4 +44,4 @@ def names(**having) -> tuple[str, ...]:
 
 
 __all__ = ["PROTOCOLS", "Protocol", "get", "names", "register", "Naive", "FBN", "FixBN", "HBN", "FedBN", "Central",
-           "GroupNormProtocol", "NoNorm"]
+           "GroupNormProtocol", "NoNorm", "ScaleOnlyFBN", "SiloBN"]

@@ -89,6 +89,11 @@ class Protocol:
         out = F.batch_norm(x, batch_mean, unbiased_var, layer.weight, layer.bias, True, 1.0, layer.eps)
         return out, batch_mean, unbiased_var * ((count - 1) / count)
 
+    def normalize_with_running(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """A forward of `layer` with its running statistics: evaluation, and FixBN's frozen
+        stage. Default: BN in evaluation mode."""
+        return F.batch_norm(x, layer.running_mean, layer.running_var, layer.weight, layer.bias, False, 0.0, layer.eps)
+
     def variance_factor(self, count: torch.Tensor, n: int) -> torch.Tensor:
         """Bessel factor of a client's running-variance update: K/(K-1), as PyTorch does."""
         return count / (count - 1)
