@@ -11,7 +11,7 @@ import robustbn
 from robustbn.data import load_dataset, partition
 from robustbn.engine import Federation, _flat
 from robustbn.norm import collect_batch_stats, set_phase
-from robustbn.protocols import names
+from robustbn.protocols import get, names
 from robustbn.scenario import Scenario
 
 MODES, NO_BN_MODES = names(), names(uses_bn=False)
@@ -27,9 +27,10 @@ def federation(vectorized=True, client_chunk=None, **overrides):
                   lr=0.05, momentum=0.5, weight_decay=1e-3, partition="gamma", gamma=0.0, grad_attack="alie",
                   bn_attack="sf", grad_agg="nnm+trmean", bn_agg="nnm+median", seed=3)
     values.update(overrides)
-    if values["norm"] in ("central",):
+    protocol = get(values["norm"])
+    if protocol.union_batch:  # the attack-free reference
         values.update(f=0, grad_attack="none", bn_attack="none")
-    if values["norm"] in ("fedbn", *NO_BN_MODES):
+    if not protocol.sends_statistics:
         values.update(bn_attack="none")
     if values.get("algorithm") == "fedavg":
         values.setdefault("local_steps", 2)
