@@ -10,15 +10,13 @@ from pathlib import Path
 import torch
 
 import robustbn
-from robustbn.protocols import names
-
-MODES, NO_BN_MODES = names(), names(uses_bn=False)
+from robustbn.protocols import PROTOCOLS
 
 PATH = Path(__file__).parent / "data" / "protocol_histories.json"
 
 
 def scenarios():
-    for norm in MODES:
+    for norm, protocol in PROTOCOLS.items():
         for algorithm in ("dsgd", "fedavg"):
             values = dict(dataset="synthetic-images", model="simple-cnn", norm=norm, algorithm=algorithm, n=5, f=1,
                           rounds=6, eval_every=3, batch_size=8, lr=0.05, momentum=0.5, weight_decay=1e-3,
@@ -27,17 +25,20 @@ def scenarios():
                           fixbn_switch=3)
             if algorithm == "fedavg":
                 values.update(local_steps=2, participation=0.75)
-            if norm == "central":
+            if protocol.union_batch:  # the attack-free reference
                 values.update(f=0, grad_attack="none", bn_mean_attack="none", bn_var_attack="none")
-            if norm in ("fedbn", *NO_BN_MODES):
+            if not protocol.sends_statistics:
                 values.update(bn_mean_attack="none", bn_var_attack="none")
             yield f"{norm}-{algorithm}", values
 
 
-def record() -> dict:
+def record(only=None) -> dict:
+    """{protocol-algorithm: history and per-layer sums of the final statistics}, of `only` those names."""
     torch.set_num_threads(1)
     out = {}
     for name, values in scenarios():
+        if only is not None and name not in only:
+            continue
         result = robustbn.run(values)
         out[name] = {"history": result.history,
                      "bn_stats": {layer: {k: sum(v) for k, v in stats.items()} for layer, stats in result.bn_stats.items()}}
