@@ -14,12 +14,13 @@ if [ "${FROM_CSV:-0}" = 1 ]; then robustbn import docs/results.csv --db "$DB"; f
 $RUN scenarios/fbn_fig4_fmnist.toml
 $RUN scenarios/fbn_fig4_control_fmnist.toml
 $RUN scenarios/fbn_fig4_paper_schedule_fmnist.toml --set bn_agg=mean
-$RUN scenarios/fbn_fig4_paper_schedule_fmnist.toml --set bn_agg=nnm+median --set seed=0
+$RUN scenarios/fbn_fig4_paper_schedule_fmnist.toml --set bn_agg=mean --set bn_mean_attack=none --set bn_var_attack=none
 $RUN scenarios/fbn_central_gap_fmnist.toml --set n=10 --set batch_size=50 --set norm=fbn --set f=3 --set 'bn_attack=["sf","none"]'
 # the testbed's extensions: both statistics attacked alike (seed 0 everywhere, seed 1 at gamma = 0), the variance alone
 $RUN scenarios/fbn_fig4_both_fmnist.toml
 $RUN scenarios/fbn_fig4_both_fmnist.toml --set gamma=0.0 --set seed=1
 $RUN scenarios/fbn_fig4_variance_fmnist.toml
+$RUN scenarios/fbn_scale_fmnist.toml
 # Figure 3, the gap to centralized BN and its causes, seeds 003 and 004's settings
 $RUN scenarios/fbn_fig3_fmnist.toml --set 'gamma=[0.0, 0.1, 0.5, 1.0]'
 $RUN scenarios/fbn_gap_cause_fmnist.toml
