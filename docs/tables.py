@@ -12,11 +12,8 @@ import statistics
 import sys
 from collections import defaultdict
 
-from robustbn.channels import expand_channels
+from robustbn.channels import NOT_ATTACKS, expand_channels
 from robustbn.store import Store, read_export
-
-NOT_ATTACKS = ("none", "honest")
-
 
 def cell(values):
     if not values:

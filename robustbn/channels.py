@@ -10,6 +10,9 @@ CHANNELS = ("grad", "bn_mean", "bn_var")
 BN_CHANNELS = ("bn_mean", "bn_var")
 # what each channel has: an attack and a pipeline, each with its parameters; unset values
 PARTS = {"attack": "none", "attack_params": {}, "agg": "mean", "agg_params": {}}
+# what Byzantine clients may send on a channel without attacking it: nothing, or what an honest
+# client would
+NOT_ATTACKS = ("none", "honest")
 # the per-channel fields of the BN channels; `bn_*` (bn_attack, ...) set both at once
 BN_CHANNEL_KEYS = tuple(f"{c}_{p}" for c in BN_CHANNELS for p in PARTS)
 

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .channels import BN_CHANNEL_KEYS, BN_CHANNELS, PARTS, expand_channels  # noqa: E402
+from .channels import BN_CHANNEL_KEYS, BN_CHANNELS, NOT_ATTACKS, PARTS, expand_channels  # noqa: E402
 
 KINDS = ("curves", "heterogeneity", "heatmap")
 IGNORED = {"seed", "device", "data_dir"}
@@ -26,9 +26,6 @@ NORM_COLORS = {"naive": "tab:red", "fbn": "tab:blue", "fixbn": "tab:green", "hbn
 OTHER_COLORS = ("tab:orange", "tab:cyan", "tab:pink", "gold", "teal", "navy", "lime", "maroon")
 ATTACK_WORDS = {"sf": "SF", "foe": "FOE", "alie": "ALIE", "opt-foe": "opt-FOE", "opt-alie": "opt-ALIE",
                 "gaussian": "Gaussian noise", "nan": "NaN", "inf": "inf", "mimic": "mimic", "scale": "scaling"}
-# "none": the Byzantine clients send nothing on the channel; "honest": they send what an honest
-# client would: neither is an attack on that channel
-NOT_ATTACKS = ("none", "honest")
 CHANNEL_WORDS = {"grad": "the gradients", "bn_mean": "the mean", "bn_var": "the variance"}
 BN_WORDS = "the mean and variance"
 NO_ATTACK = "no attack"
@@ -45,7 +42,7 @@ def _hashable(v: Any) -> Any:
 
 
 def _text(v: Any) -> str:
-    return json.dumps(v, sort_keys=True, default=str) if isinstance(v, (dict, list)) else str(v)
+    return str(_hashable(v))
 
 
 def varying(rows: list[dict[str, Any]], exclude: set[str] = frozenset()) -> list[str]:
