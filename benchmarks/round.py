@@ -4,6 +4,10 @@ step on the same union batch (the physical floor), side by side.
 
     python benchmarks/round.py [--models simple-cnn cnn] [--norms naive fbn ...] [--n 10] [--batch 50]
 
+Every norm's round of one model is timed interleaved with the others, so the last column
+(the round against FBN's) is a side-by-side ratio. `central` runs the n - f honest clients'
+union batch with f = 0 (it is the attack-free reference).
+
 The engine's time includes everything a round does: sampling, the honest clients' forward
 and backward, worker momentum, an attack and the nnm+median pipeline on every channel
 (ALIE on gradients, SF on BN statistics), and the server updates. The centralized step is a
@@ -81,7 +85,8 @@ def centralized_step(model_name, data, n, batch, device):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["simple-cnn", "cnn"])
-    ap.add_argument("--norms", nargs="+", default=["naive", "fbn", "fixbn", "hbn", "fedbn", "gn"])
+    ap.add_argument("--norms", nargs="+", default=["naive", "fbn", "fixbn", "hbn", "fedbn", "gn", "none", "fbn-scale",
+                                                    "silobn", "fedtan", "fedwon", "central"])
     ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--f", type=int, default=3)
     ap.add_argument("--batch", type=int, default=50)
@@ -102,24 +107,39 @@ def main():
         default = "vmap" if dev.type != "cpu" else "loop"
         other = {"vmap": "loop", "loop": "vmap"}[default]
         print(f"| model | norm | engine ({default}) | {other} | centralized step | engine / centralized | "
-              f"{other} / engine |")
-        print("|---|---|---|---|---|---|---|")
+              f"{other} / engine | engine / FBN's |")
+        print("|---|---|---|---|---|---|---|---|")
         for model in args.models:
-            central = centralized_step(model, data, args.n - args.f, args.batch, dev)
-            for norm in args.norms:
+            # every norm's round of one model timed interleaved: the ratios are side by side
+            fns, labels = [centralized_step(model, data, args.n - args.f, args.batch, dev)], []
+            for norm in dict.fromkeys(["fbn", *args.norms]):
+                protocol = get(norm)
+                f = 0 if protocol.union_batch else args.f
                 sc = Scenario.from_dict(dict(
-                    dataset=data.name, model=model, norm=norm, n=args.n, f=args.f, batch_size=args.batch, momentum=0.9,
-                    rounds=10**6, grad_attack="alie", bn_attack="sf" if get(norm).sends_statistics else "none",
+                    dataset=data.name, model=model, norm=norm, n=args.n - args.f + f, f=f, batch_size=args.batch,
+                    momentum=0.9, rounds=10**6, grad_attack="alie" if f else "none",
+                    bn_attack="sf" if protocol.sends_statistics and f else "none",
                     grad_agg="nnm+median", bn_agg="nnm+median", partition="gamma", gamma=0.0, device=str(dev)))
                 parts = partition(data.y_train.cpu().numpy(), sc.honest, "gamma", 0.0, seed=0)
-                fns = [Federation(sc, data, parts).step, central]
-                if not args.no_other:
-                    fns.append(Federation(sc, data, parts, vectorized=other == "vmap").step)
-                engine, central_s, *rest = seconds(fns, dev, 2, args.repeats)
-                alternative, ratio = (f"{rest[0]:.4f}", f"{rest[0] / engine:.2f}") if rest else ("not run", "not run")
+                fns.append(Federation(sc, data, parts).step)
+                # a protocol whose forwards pool statistics runs one path on every device
+                same = protocol.exchanges_in_forward
+                fns.append(None if args.no_other or same else Federation(sc, data, parts, vectorized=other == "vmap").step)
+                labels.append((norm, same))
+            times = seconds([fn for fn in fns if fn is not None], dev, 2, args.repeats)
+            it = iter(times)
+            central_s = next(it)
+            timed = {}
+            for (norm, same), fn in zip(labels, fns[2::2]):
+                engine = next(it)
+                alt = next(it) if fn is not None else None
+                timed[norm] = (engine, alt, same)
+            for norm in args.norms:
+                engine, alt, same = timed[norm]
+                alternative, ratio = ((f"{alt:.4f}", f"{alt / engine:.2f}") if alt is not None else
+                                      ("same path", "-") if same else ("not run", "not run"))
                 print(f"| {model} | {norm} | {engine:.4f} | {alternative} | {central_s:.4f} | "
-                      f"{engine / central_s:.2f} | {ratio} |", flush=True)
-
+                      f"{engine / central_s:.2f} | {ratio} | {engine / timed['fbn'][0]:.2f} |", flush=True)
 
 if __name__ == "__main__":
     main()

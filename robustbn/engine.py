@@ -44,6 +44,12 @@ def _unflat(vec: torch.Tensor, like: dict[str, torch.Tensor], lead: int) -> dict
     return out
 
 
+def _finite(g: torch.Tensor) -> torch.Tensor:
+    """An honest client's gradient with non-finite coordinates zeroed: statistics a hostile
+    server state pushed to overflow never reach its momentum or its weights."""
+    return torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
+
+
 class Channel:
     """One message channel: its attack and its robust pipeline. `f` Byzantine clients send on
     it (none when the attack is "none"); the pipeline is built for `agg_f` of them."""
@@ -132,6 +138,7 @@ class Federation:
         self.grad_channel, self.mean_channel, self.var_channel = (
             Channel(*sc.channel(name), sc.f, sc.seed + offset, sc.pipeline_f)
             for offset, name in enumerate(("grad", "bn_mean", "bn_var")))
+        self.protocol.attach(self.mean_channel, self.var_channel)
         self.momentum_buf: torch.Tensor | None = None
         self.local_momentum: dict[str, torch.Tensor] = {k: torch.zeros_like(v) for k, v in self.local.items()}
         self.train_loss_sum = torch.zeros((), device=self.device)
@@ -169,6 +176,8 @@ class Federation:
 
     def _client_grads(self, theta, local, buffers, x, y, theta_batched: bool, buffers_batched: bool):
         """Per-client gradients of the global and local parameters, and the aux outputs."""
+        if self.protocol.exchanges_in_forward:
+            return self._pooled_grads(theta, local, buffers, x, y, theta_batched, buffers_batched)
         if self.vectorized:
             fn = grad(self._forward_loss, argnums=(0, 1), has_aux=True)
             in_dims = (0 if theta_batched else None, 0, 0 if buffers_batched else None, 0, 0)
@@ -188,6 +197,22 @@ class Federation:
         aux = tuple(torch.stack([r[2][j] for r in results]) for j in range(len(results[0][2])))
         return (grads_theta, grads_local), aux
 
+    def _pooled_grads(self, theta, local, buffers, x, y, theta_batched: bool, buffers_batched: bool):
+        """Clients whose forwards pool statistics layer by layer (FedTAN): one vmap over their
+        forwards (the BN layers pool across the vmapped dimension; no loop and no chunks, the
+        clients are computed together), and one backward of the honest clients' summed loss;
+        each client's gradient is with respect to its own copy of the parameters."""
+        h = x.shape[0]
+        copies = {k: (v if theta_batched else v.expand(h, *v.shape)).detach().clone().requires_grad_()
+                  for k, v in theta.items()}
+        own = {k: v.detach().requires_grad_() for k, v in local.items()}
+        in_dims = (0, 0, 0 if buffers_batched else None, 0, 0)
+        losses, aux = vmap(self._forward_loss, in_dims=in_dims, randomness="different")(copies, own, buffers, x, y)
+        params = [*copies.values(), *own.values()]
+        g = torch.autograd.grad(losses.sum(), params, allow_unused=True)
+        g = [torch.zeros_like(p) if gi is None else gi for gi, p in zip(g, params)]
+        return (dict(zip(copies, g[: len(copies)])), dict(zip(own, g[len(copies):]))), aux
+
     def _sample(self, clients: torch.Tensor | None = None):
         """(h, batch, ...) inputs and labels: each honest client's mini-batch, through its
         feature-shift transform and the augmentation when those are on."""
@@ -203,11 +228,13 @@ class Federation:
         return x, y
 
     def _server_stats(self, msg_mean: torch.Tensor, msg_var: torch.Tensor) -> None:
-        """Attack and aggregate the two BN channels, then update the shared statistics by the
-        protocol; a coordinate whose update is not finite keeps its old value."""
+        """Attack and aggregate the two BN channels (unless that happened inside the forward),
+        then update the shared statistics by the protocol; a coordinate whose update is not
+        finite keeps its old value."""
+        if not self.protocol.exchanges_in_forward:
+            msg_mean, msg_var = self.mean_channel.messages(msg_mean), self.var_channel.messages(msg_var)
         self.shared_mean, self.shared_var = self.protocol.server_stats(
-            self.shared_mean, self.shared_var, self.mean_channel.messages(msg_mean),
-            self.var_channel.messages(msg_var), self.count, self.sc.n, self.sc.bn_momentum,
+            self.shared_mean, self.shared_var, msg_mean, msg_var, self.count, self.sc.n, self.sc.bn_momentum,
             self.mean_channel.pipeline, self.var_channel.pipeline, self._together)
 
     def _together(self, calls):
@@ -232,7 +259,7 @@ class Federation:
         momentum SGD step, like the weights but without leaving the client."""
         wd, mom = self.sc.weight_decay, self.sc.momentum
         for k, g in grads_local.items():
-            g = g + wd * self.local[k]
+            g = _finite(g) + wd * self.local[k]
             self.local_momentum[k] = mom * self.local_momentum[k] + (1 - mom) * g
             self.local[k] = self.local[k] - lr * self.local_momentum[k]
 
@@ -258,7 +285,7 @@ class Federation:
         self.train_loss_sum += aux[0].mean()
 
         flat_theta = _flat(self.theta, 0)
-        g = _flat(g_theta, 1) + sc.weight_decay * flat_theta
+        g = _finite(_flat(g_theta, 1)) + sc.weight_decay * flat_theta
         if sc.momentum > 0:  # worker momentum, m_0 = 0
             prev = torch.zeros_like(g) if self.momentum_buf is None else self.momentum_buf
             self.momentum_buf = sc.momentum * prev + (1 - sc.momentum) * g
@@ -304,7 +331,7 @@ class Federation:
                                                        sc.bn_momentum)
             for params, grads in ((theta, g_theta), (local, g_local)):
                 for k, g in grads.items():
-                    velocity[k] = sc.momentum * velocity[k] + g + sc.weight_decay * params[k]
+                    velocity[k] = sc.momentum * velocity[k] + _finite(g) + sc.weight_decay * params[k]
                     params[k] = params[k] - lr * velocity[k]
             if self.measuring and self.protocol.report_each_step and (local_stats or sends):
                 run_mean, run_var = self.protocol.client_report(run_mean, run_var, aux[1], aux[2], self.count, sc.n,

@@ -8,11 +8,20 @@ from torch import nn
 MODELS = ("cnn", "simple-cnn", "resnet20")
 
 
+def _protocol(norm):
+    from .protocols import get
+    return get(norm)() if isinstance(norm, str) else norm
+
+
 def make_norm(norm, channels: int, gn_groups: int = 2) -> nn.Module:
     """The normalization layer a protocol (or a registered protocol's name) puts after a
     convolution of `channels` outputs."""
-    from .protocols import get
-    return (get(norm)() if isinstance(norm, str) else norm).norm_layer(channels, gn_groups)
+    return _protocol(norm).norm_layer(channels, gn_groups)
+
+
+def make_conv(norm, *args, **kwargs) -> nn.Module:
+    """A convolution (nn.Conv2d's arguments) as the protocol builds it."""
+    return _protocol(norm).conv_layer(*args, **kwargs)
 
 
 class TableOneCNN(nn.Module):
@@ -24,7 +33,7 @@ class TableOneCNN(nn.Module):
                  gn_groups: int = 2, dropout: float = 0.25):
         super().__init__()
         def block(cin, cout):
-            return [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(), make_norm(norm, cout, gn_groups)]
+            return [make_conv(norm, cin, cout, 3, padding=1), nn.ReLU(), make_norm(norm, cout, gn_groups)]
         self.features = nn.Sequential(
             *block(in_channels, 64), *block(64, 64), nn.MaxPool2d(2), nn.Dropout(dropout),
             *block(64, 128), *block(128, 128), nn.MaxPool2d(2), nn.Dropout(dropout),
@@ -46,7 +55,8 @@ class SimpleCNN(nn.Module):
         super().__init__()
         layers, cin = [], in_channels
         for cout in (16, 32, 64):
-            layers += [nn.Conv2d(cin, cout, 3, padding=1), make_norm(norm, cout, gn_groups), nn.ReLU(), nn.MaxPool2d(2)]
+            layers += [make_conv(norm, cin, cout, 3, padding=1), make_norm(norm, cout, gn_groups), nn.ReLU(),
+                       nn.MaxPool2d(2)]
             cin = cout
         self.features = nn.Sequential(*layers)
         side = image_size // 8
@@ -60,9 +70,9 @@ class SimpleCNN(nn.Module):
 class BasicBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int, norm, gn_groups: int):
         super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.conv1 = make_conv(norm, cin, cout, 3, stride=stride, padding=1, bias=False)
         self.norm1 = make_norm(norm, cout, gn_groups)
-        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.conv2 = make_conv(norm, cout, cout, 3, padding=1, bias=False)
         self.norm2 = make_norm(norm, cout, gn_groups)
         self.pad = cout - cin  # option A shortcut (He et al. 2016, CIFAR): subsample, zero-pad channels
         self.stride = stride
@@ -83,7 +93,7 @@ class ResNet20(nn.Module):
     def __init__(self, norm, in_channels: int = 3, image_size: int = 32, num_classes: int = 10,
                  gn_groups: int = 2):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, 16, 3, padding=1, bias=False),
+        self.stem = nn.Sequential(make_conv(norm, in_channels, 16, 3, padding=1, bias=False),
                                   make_norm(norm, 16, gn_groups), nn.ReLU())
         blocks, cin = [], 16
         for stage, cout in enumerate((16, 32, 64)):

@@ -200,6 +200,26 @@ def test_fedbn_bn_tensors_never_enter_a_message():
     assert not torch.allclose(fed.local_mean[0], fed.local_mean[1])  # statistics stay per client
 
 
+@pytest.mark.parametrize("norm", [n for n in names(sends_statistics=True) if not get(n).union_batch])
+@pytest.mark.parametrize("bn_attack, params", [("nan", {}), ("inf", {}), ("scale", {"factor": 1e38}),
+                                               ("scale", {"factor": -1.0})])
+def test_hostile_statistics_never_make_the_model_nan(norm, bn_attack, params):
+    """NaN, inf, 1e38 and negative variances on both BN channels, against an undefended mean
+    and against nnm+median: weights, momenta, client-local state and shared statistics stay
+    finite (variances >= 0) with every protocol that sends statistics; defended, the loss too.
+    (Undefended, 1e38 statistics are finite, accepted, and overflow the model's outputs: the
+    test loss may then be inf or NaN, an honest measurement of a destroyed model.)"""
+    for agg in ("mean", "nnm+median"):
+        fed = federation(norm=norm, n=7, f=2, grad_attack="none", bn_attack=bn_attack, bn_attack_params=params,
+                         grad_agg=agg, bn_agg=agg, fixbn_switch=3)
+        for _ in range(5):
+            fed.step()
+        assert all(torch.isfinite(v).all() for v in state(fed).values()) and (fed.shared_var >= 0).all()
+        assert torch.isfinite(fed.momentum_buf).all()
+        if agg != "mean":
+            assert torch.isfinite(fed.evaluate()[1])
+
+
 @pytest.mark.parametrize("norm", ["naive", "fbn", "hbn"])
 @pytest.mark.parametrize("grad_attack, bn_attack, agg", [("nan", "inf", "nnm+median"), ("inf", "nan", "nnm+median"),
                                                           ("nan", "inf", "mean")])

@@ -25,9 +25,11 @@ def test_the_engine_names_no_protocol():
 
 def test_registry_lists_the_built_in_protocols_with_what_they_are():
     assert protocols.names() == ("naive", "fbn", "fixbn", "hbn", "fedbn", "central", "gn", "none", "fbn-scale",
-                                 "silobn")
-    assert protocols.names(uses_bn=False) == ("gn", "none")
-    assert protocols.names(sends_statistics=True) == ("naive", "fbn", "fixbn", "hbn", "central", "fbn-scale")
+                                 "silobn", "fedtan", "fedwon")
+    assert protocols.names(uses_bn=False) == ("gn", "none", "fedwon")
+    assert protocols.names(sends_statistics=True) == ("naive", "fbn", "fixbn", "hbn", "central", "fbn-scale",
+                                                      "fedtan")
+    assert protocols.names(exchanges_in_forward=True) == ("fedtan",)
     assert protocols.names(local_statistics=True) == ("fedbn", "silobn")
     with pytest.raises(ValueError, match="unknown norm protocol 'bn'; allowed: naive, fbn"):
         protocols.get("bn")
@@ -72,7 +74,7 @@ def test_default_hooks_are_naive_bn_unless_overridden(name):
     """The hooks a protocol does not override behave as naive BN's: checked on plain values."""
     protocol, naive = PROTOCOLS[name](switch_round=2), Protocol(switch_round=2)
     count, n = torch.tensor([9.0]), 4
-    want = {"fbn": 36 / 35, "fbn-scale": 36 / 35}.get(name, 9 / 8)
+    want = {"fbn": 36 / 35, "fbn-scale": 36 / 35, "fedtan": 36 / 35}.get(name, 9 / 8)
     assert protocol.variance_factor(count, n).item() == pytest.approx(want)
     assert protocol.phase(3) == ("frozen" if name == "fixbn" else naive.phase(3))
     assert protocol.sends(1) == protocol.sends_statistics

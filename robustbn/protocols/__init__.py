@@ -10,6 +10,8 @@ from .central import Central
 from .fbn import FBN
 from .fbn_scale import ScaleOnlyFBN
 from .fedbn import FedBN
+from .fedtan import FedTAN
+from .fedwon import FedWon
 from .fixbn import FixBN
 from .gn import GroupNormProtocol
 from .hbn import HBN
@@ -28,7 +30,7 @@ def register(cls: type[Protocol]) -> type[Protocol]:
     return cls
 
 
-for _cls in (Naive, FBN, FixBN, HBN, FedBN, Central, GroupNormProtocol, NoNorm, ScaleOnlyFBN, SiloBN):
+for _cls in (Naive, FBN, FixBN, HBN, FedBN, Central, GroupNormProtocol, NoNorm, ScaleOnlyFBN, SiloBN, FedTAN, FedWon):
     register(_cls)
 
 
@@ -44,4 +46,4 @@ def names(**having) -> tuple[str, ...]:
 
 
 __all__ = ["PROTOCOLS", "Protocol", "get", "names", "register", "Naive", "FBN", "FixBN", "HBN", "FedBN", "Central",
-           "GroupNormProtocol", "NoNorm", "ScaleOnlyFBN", "SiloBN"]
+           "GroupNormProtocol", "NoNorm", "ScaleOnlyFBN", "SiloBN", "FedTAN", "FedWon"]

@@ -32,7 +32,11 @@ class Protocol:
     - `union_batch`: one client computes on the union of the honest clients' batches;
     - `personalized`: evaluation is each client's model on its own test split;
     - `report_each_step`: under FedAvg the client's report follows every local step (False:
-      the first local step's measurement is the report).
+      the first local step's measurement is the report);
+    - `exchanges_in_forward`: the clients' forward passes pool their statistics layer by layer
+      (FedTAN): the engine runs them as one vmap and each client's gradient is that of the
+      honest clients' summed loss; the BN channels are attacked and aggregated inside that
+      forward (`attach`), and the clients' reports are its pooled statistics.
     """
 
     name = "naive"
@@ -43,6 +47,7 @@ class Protocol:
     union_batch = False
     personalized = False
     report_each_step = True
+    exchanges_in_forward = False
 
     def __init__(self, switch_round: int | None = None, hbn_lambda: float = 0.01):
         self.switch_round, self.hbn_lambda = switch_round, hbn_lambda
@@ -60,6 +65,10 @@ class Protocol:
 
     # ---- model ------------------------------------------------------------------------------
 
+    def conv_layer(self, *args, **kwargs) -> nn.Module:
+        """A convolution of the model (nn.Conv2d's arguments); FedWon standardizes its weights."""
+        return nn.Conv2d(*args, **kwargs)
+
     def norm_layer(self, channels: int, gn_groups: int = 2) -> nn.Module:
         """The normalization layer after a convolution of `channels` outputs."""
         from ..norm import FedBatchNorm
@@ -71,6 +80,10 @@ class Protocol:
     def is_local(self, param: str, bn_layers: list[str]) -> bool:
         """Whether parameter `param` stays on each client (never aggregated)."""
         return False
+
+    def attach(self, mean_channel, var_channel) -> None:
+        """The engine's bn_mean and bn_var channels (attack and pipeline each), for a protocol
+        that aggregates statistics inside the forward pass."""
 
     # ---- client -----------------------------------------------------------------------------
 
