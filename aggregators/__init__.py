@@ -7,7 +7,8 @@ torch.Size([1000])
 """
 
 from .base import Rule, pairwise_sq_distances, sanitize
-from .pipeline import AGGREGATORS, PRE_AGGREGATORS, Pipeline, build
+from .pipeline import AGGREGATORS, PRE_AGGREGATORS, Pipeline, build, register, step_class
+from .plugins import add_search_path, search_path
 from .pre import ARC, NNM, Bucketing, Clipping
 from .rules import (
     CenteredClipping,
@@ -22,7 +23,8 @@ from .rules import (
 )
 
 __all__ = [
-    "AGGREGATORS", "PRE_AGGREGATORS", "Pipeline", "Rule", "build", "sanitize", "pairwise_sq_distances",
+    "AGGREGATORS", "PRE_AGGREGATORS", "Pipeline", "Rule", "build", "register", "step_class", "add_search_path",
+    "search_path", "sanitize", "pairwise_sq_distances",
     "Mean", "CoordinateWiseMedian", "TrimmedMean", "Krum", "MultiKrum", "GeometricMedian",
     "CenteredClipping", "Meamed", "MoNNA", "NNM", "Bucketing", "Clipping", "ARC",
 ]

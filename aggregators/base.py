@@ -91,7 +91,21 @@ class Rule:
 
     name = "rule"
     sanitizes = True
-    random = False  # draws random numbers (then torch.vmap cannot batch it)
+    random = False  # draws random numbers (then torch.vmap cannot batch it; `build` gives it a seed)
+    pre = False  # a pre-aggregator: (n, d) -> (m, d) rows, placed before the aggregator of a spec
+    # what the rule promises, checked by aggregators.testing (a pre-aggregator: that it keeps
+    # the promise of the aggregator after it)
+    permutation_invariant = True  # the order of the messages does not matter
+    identity_on_identical = True  # n copies of one message give that message
+    translation_equivariant = False  # F(x + t) = F(x) + t
+    scale_equivariant = False  # F(c x) = c F(x), c > 0
+    coordinatewise = False  # each output coordinate lies in the honest messages' range
+
+    def kappa(self, n: int, f: int) -> float | None:
+        """The (f, kappa)-robustness constant the rule is proven to have for n messages
+        (Allouah et al. 2023): ||F(x) - mean_H||^2 <= kappa mean_{i in H} ||x_i - mean_H||^2
+        for every n - f honest rows H; None: no such bound is claimed."""
+        return None
 
     def rows_out(self, n: int) -> int:
         return 1

@@ -7,6 +7,7 @@ import inspect
 import torch
 
 from .base import Rule, check_messages, sanitize
+from .plugins import is_reference, load
 from .pre import ARC, NNM, Bucketing, Clipping
 from .rules import (
     CenteredClipping,
@@ -20,9 +21,33 @@ from .rules import (
     TrimmedMean,
 )
 
-AGGREGATORS = {c.name: c for c in (Mean, CoordinateWiseMedian, TrimmedMean, Krum, MultiKrum,
-                                   GeometricMedian, CenteredClipping, Meamed, MoNNA)}
-PRE_AGGREGATORS = {c.name: c for c in (NNM, Bucketing, Clipping, ARC)}
+AGGREGATORS: dict[str, type[Rule]] = {}
+PRE_AGGREGATORS: dict[str, type[Rule]] = {}
+
+
+def register(cls: type[Rule]) -> type[Rule]:
+    """Add a rule class under its `name` (usable as a decorator): a pre-aggregator when its
+    class attribute `pre` is true, else an aggregator. Its name is then a step of any spec."""
+    if not (isinstance(cls, type) and issubclass(cls, Rule)):
+        raise TypeError(f"register: {cls!r} is not a subclass of aggregators.Rule")
+    if not isinstance(cls.name, str) or not cls.name or "+" in cls.name or ":" in cls.name or cls.name != cls.name.lower():
+        raise ValueError(f"register: {cls.__name__}.name must be a lower-case name without '+' or ':', got {cls.name!r}")
+    (PRE_AGGREGATORS if cls.pre else AGGREGATORS)[cls.name] = cls
+    return cls
+
+
+for _cls in (Mean, CoordinateWiseMedian, TrimmedMean, Krum, MultiKrum, GeometricMedian, CenteredClipping, Meamed,
+             MoNNA, NNM, Bucketing, Clipping, ARC):
+    register(_cls)
+
+
+def step_class(name: str) -> type[Rule] | None:
+    """The class of one spec step, a registered name or a `module:Name` reference (None: no
+    such name registered)."""
+    if is_reference(name):
+        return load(name, Rule, "aggregation step")
+    key = name.strip().lower()
+    return AGGREGATORS.get(key) or PRE_AGGREGATORS.get(key)
 
 
 class Pipeline:
@@ -71,35 +96,47 @@ def _accepted(cls) -> set[str]:
     return set(inspect.signature(cls.__init__).parameters) - {"self"}
 
 
-def build(spec: str, f: int = 0, n: int | None = None, **params) -> Pipeline:
-    """Build a pipeline from a spec: pre-aggregator names then one aggregator name, joined by
-    '+', e.g. "median", "nnm+trmean", "bucketing+krum".
+def build(spec: str, f: int = 0, n: int | None = None, seed: int | None = None, **params) -> Pipeline:
+    """Build a pipeline from a spec: pre-aggregator steps then one aggregator step, joined by
+    '+', e.g. "median", "nnm+trmean", "bucketing+krum", "nnm+myrules:MyTrimmedMean". A step
+    is a registered name or a `module:Name` reference to a `Rule` subclass (a pre-aggregator
+    when its class attribute `pre` is true).
 
     `f` goes to every step that takes it; each keyword in `params` goes to every step whose
-    constructor takes it (e.g. `s=2` to bucketing, `tau=0.5` to cc). With `n` given, the
-    pipeline is checked for n messages right away. Anything unknown or impossible raises a
-    ValueError saying what is allowed.
+    constructor takes it (e.g. `s=2` to bucketing, `tau=0.5` to cc). `seed` goes to every
+    step that draws random numbers (`random = True`) and takes a seed, unless `params` sets
+    one. With `n` given, the pipeline is checked for n messages right away. Anything unknown
+    or impossible raises a ValueError saying what is allowed.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"aggregation spec must be a non-empty string like 'nnm+median', got {spec!r}")
-    names = [s.strip().lower() for s in spec.split("+")]
-    *pre_names, agg_name = names
-    if agg_name not in AGGREGATORS:
-        hint = " (it is a pre-aggregator: end the spec with an aggregator)" if agg_name in PRE_AGGREGATORS else ""
-        raise ValueError(f"unknown aggregator {agg_name!r} in spec {spec!r}{hint}; "
-                         f"allowed: {', '.join(sorted(AGGREGATORS))}")
-    for p in pre_names:
-        if p not in PRE_AGGREGATORS:
-            raise ValueError(f"unknown pre-aggregator {p!r} in spec {spec!r}; "
-                             f"allowed: {', '.join(sorted(PRE_AGGREGATORS))}")
-    classes = [PRE_AGGREGATORS[p] for p in pre_names] + [AGGREGATORS[agg_name]]
+    names = [s.strip() for s in spec.split("+")]
+    classes = [step_class(name) for name in names]
+    *pre, last = classes
+    if last is None or last.pre:
+        hint = " (it is a pre-aggregator: end the spec with an aggregator)" if last is not None else ""
+        raise ValueError(f"unknown aggregator {names[-1]!r} in spec {spec!r}{hint}; "
+                         f"allowed: {', '.join(sorted(AGGREGATORS))} or 'module:Name'")
+    for name, cls in zip(names, pre):
+        if cls is None or not cls.pre:
+            hint = " (an aggregator: only the last step may be one)" if cls is not None else ""
+            raise ValueError(f"unknown pre-aggregator {name!r} in spec {spec!r}{hint}; "
+                             f"allowed: {', '.join(sorted(PRE_AGGREGATORS))} or 'module:Name'")
     accepted = set().union(*(_accepted(c) for c in classes))
     unknown = set(params) - accepted
     if unknown:
         raise ValueError(f"parameter(s) {', '.join(sorted(unknown))} not taken by any step of {spec!r}; "
                          f"allowed: {', '.join(sorted(accepted - {'f'})) or 'none'}")
     given = {"f": f, **params}
-    steps = [c(**{k: v for k, v in given.items() if k in _accepted(c)}) for c in classes]
+    steps = []
+    for cls in classes:
+        kwargs = {k: v for k, v in given.items() if k in _accepted(cls)}
+        if cls.random and seed is not None and "seed" in _accepted(cls):
+            kwargs.setdefault("seed", seed)
+        try:
+            steps.append(cls(**kwargs))
+        except TypeError as e:  # a user's constructor that does not take what it declares
+            raise ValueError(f"{cls.name}: {e}") from None
     pipeline = Pipeline(steps[:-1], steps[-1])
     if n is not None:
         pipeline.check(n)

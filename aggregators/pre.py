@@ -15,6 +15,8 @@ class NNM(Rule):
     inputs. Requires f < n. Distances: one matrix product; mixing: one more."""
 
     name = "nnm"
+    pre = True
+    translation_equivariant = scale_equivariant = True
 
     def __init__(self, f: int):
         self.f = check_f(f, self.name)
@@ -36,6 +38,7 @@ class Bucketing(Rule):
     explicit generator (`generator`, or one per device seeded with `seed`)."""
 
     name = "bucketing"
+    pre = True
     random = True
 
     def __init__(self, s: int = 2, seed: int = 0, generator: torch.Generator | None = None):
@@ -70,11 +73,14 @@ class Clipping(Rule):
     median row norm of the round (adaptive, scale-equivariant)."""
 
     name = "clipping"
+    pre = True
 
     def __init__(self, c: float | None = None):
         if c is not None and not c > 0:
             raise ValueError(f"{self.name}: c must be > 0 or None (median norm), got {c!r}")
         self.c = c
+        # a fixed radius clips n copies of a long row and does not scale; the median norm does neither
+        self.identity_on_identical = self.scale_equivariant = c is None
 
     def rows_out(self, n):
         return n
@@ -90,6 +96,8 @@ class ARC(Rule):
     largest norm are clipped to the norm of the (k+1)-th largest. Requires 2f < n."""
 
     name = "arc"
+    pre = True
+    scale_equivariant = True
 
     def __init__(self, f: int):
         self.f = check_f(f, self.name)

@@ -80,6 +80,7 @@ class Mean(Rule):
     sanitized first like for every other rule."""
 
     name = "mean"
+    translation_equivariant = scale_equivariant = True
     sanitizes = False
 
     def apply(self, x):
@@ -95,6 +96,10 @@ class CoordinateWiseMedian(Rule):
     """
 
     name = "median"
+    translation_equivariant = scale_equivariant = coordinatewise = True
+
+    def kappa(self, n, f):
+        return 4 * (1 + f / (n - 2 * f)) ** 2  # Allouah et al. 2023, Table 1
 
     def __init__(self, f: int | None = None):
         self.f = None if f is None else check_f(f, self.name)
@@ -126,6 +131,10 @@ class TrimmedMean(_HonestMajority):
     """
 
     name = "trmean"
+    translation_equivariant = scale_equivariant = coordinatewise = True
+
+    def kappa(self, n, f):
+        return 6 * f / (n - 2 * f) * (1 + f / (n - 2 * f))  # Allouah et al. 2023, Table 1
 
     def apply(self, x):
         n = x.shape[0]
@@ -144,6 +153,11 @@ class Krum(Rule):
     """Krum (Blanchard et al. 2017): the row with the smallest Krum score. Requires n > 2f + 2."""
 
     name = "krum"
+    translation_equivariant = scale_equivariant = True
+    permutation_invariant = False  # equal scores (a mutual nearest pair when n - f - 2 = 1) go by position
+
+    def kappa(self, n, f):
+        return 6 * (1 + f / (n - 2 * f))  # Allouah et al. 2023, Table 1
 
     def __init__(self, f: int):
         self.f = check_f(f, self.name)
@@ -161,6 +175,8 @@ class MultiKrum(Rule):
     """Multi-Krum: average of the m rows with the smallest Krum scores (m = n - f by default)."""
 
     name = "multikrum"
+    translation_equivariant = scale_equivariant = True
+    permutation_invariant = False  # equal scores go by position, as Krum's
 
     def __init__(self, f: int, m: int | None = None):
         self.f = check_f(f, self.name)
@@ -186,6 +202,10 @@ class GeometricMedian(Rule):
     coordinate-wise median so that far rows cannot drag the start point."""
 
     name = "geomed"
+    translation_equivariant = True  # (scale: only with nu scaled alike, nu is a distance)
+
+    def kappa(self, n, f):
+        return 4 * (1 + f / (n - 2 * f)) ** 2  # Allouah et al. 2023, Table 1
 
     def __init__(self, iters: int = 30, nu: float = 1e-6):
         _require(isinstance(iters, int) and iters >= 1, self.name, f"iters must be an integer >= 1, got {iters!r}")
@@ -207,6 +227,7 @@ class CenteredClipping(Rule):
     stateless rule cannot, and the median is a robust stand-in)."""
 
     name = "cc"
+    translation_equivariant = True  # (not scale: tau is a fixed radius)
 
     def __init__(self, tau: float = 1.0, iters: int = 3):
         _require(tau > 0, self.name, f"tau must be > 0, got {tau!r}")
@@ -229,6 +250,7 @@ class Meamed(_HonestMajority):
     first. Requires 2f < n."""
 
     name = "meamed"
+    translation_equivariant = scale_equivariant = True
 
     def apply(self, x):
         # The k = n - f values nearest the median are k consecutive sorted values s[i : i + k].
@@ -251,6 +273,8 @@ class MoNNA(Rule):
     (robustbn puts honest messages first). Not permutation invariant, by design."""
 
     name = "monna"
+    translation_equivariant = scale_equivariant = True
+    permutation_invariant = False  # it centres on message idx
 
     def __init__(self, f: int, idx: int = 0):
         self.f = check_f(f, self.name)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import inspect
 
+from aggregators.plugins import is_reference, load
+
 from .base import Attack
 from .basic import (
     ALittleIsEnough,
@@ -24,35 +26,70 @@ from .basic import (
 )
 from .optimal import OptimalALIE, OptimalFOE
 
-ATTACKS = {c.name: c for c in (Honest, SignFlipping, FallOfEmpires, ALittleIsEnough, Gaussian, NaNAttack,
-                               InfAttack, Mimic, Scaling, OptimalFOE, OptimalALIE)}
-NAMES = ("none", *ATTACKS)
+ATTACKS: dict[str, type[Attack]] = {}
 
 
-def build(name: str, **params) -> Attack | None:
-    """The attack called `name` with its parameters; "none" gives None (no attack).
+def register(cls: type[Attack]) -> type[Attack]:
+    """Add an attack class under its `name` (usable as a decorator)."""
+    if not (isinstance(cls, type) and issubclass(cls, Attack)):
+        raise TypeError(f"register: {cls!r} is not a subclass of attacks.Attack")
+    if not isinstance(cls.name, str) or not cls.name or ":" in cls.name or cls.name != cls.name.lower() \
+            or cls.name == "none":
+        raise ValueError(f"register: {cls.__name__}.name must be a lower-case name without ':' and not 'none', "
+                         f"got {cls.name!r}")
+    ATTACKS[cls.name] = cls
+    return cls
 
-    Line-searched attacks ("opt-foe", "opt-alie") need `pipeline=`, the aggregation they
-    attack. Unknown names or parameters raise a ValueError saying what is allowed.
-    """
+
+for _cls in (Honest, SignFlipping, FallOfEmpires, ALittleIsEnough, Gaussian, NaNAttack, InfAttack, Mimic, Scaling,
+             OptimalFOE, OptimalALIE):
+    register(_cls)
+
+
+def names() -> tuple[str, ...]:
+    return ("none", *ATTACKS)
+
+
+def get(name: str) -> type[Attack] | None:
+    """The class of the attack `name` (a registered name or a `module:Name` reference); None
+    for "none". A ValueError names what is allowed."""
+    if is_reference(name):
+        return load(name, Attack, "attack")
     key = name.strip().lower() if isinstance(name, str) else name
     if key == "none":
+        return None
+    if key not in ATTACKS:
+        raise ValueError(f"unknown attack {name!r}; allowed: {', '.join(names())} or 'module:Name'")
+    return ATTACKS[key]
+
+
+def build(name: str, seed: int | None = None, **params) -> Attack | None:
+    """The attack called `name` with its parameters; "none" gives None (no attack).
+
+    An attack that needs the pipeline it attacks (`needs_pipeline`, e.g. "opt-foe") needs
+    `pipeline=`; one that draws random numbers (`random`) gets `seed` unless `params` sets
+    one. Unknown names or parameters raise a ValueError saying what is allowed.
+    """
+    cls = get(name)
+    if cls is None:
         if params:
             raise ValueError(f"attack 'none' takes no parameters, got {', '.join(sorted(params))}")
         return None
-    if key not in ATTACKS:
-        raise ValueError(f"unknown attack {name!r}; allowed: {', '.join(NAMES)}")
-    cls = ATTACKS[key]
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self"} if cls.__init__ is not object.__init__ else set()
     unknown = set(params) - accepted
     if unknown:
-        raise ValueError(f"attack {key!r} does not take {', '.join(sorted(unknown))}; "
-                         f"allowed: {', '.join(sorted(accepted)) or 'no parameters'}")
-    if "pipeline" in accepted and "pipeline" not in params:
-        raise ValueError(f"attack {key!r} needs pipeline=<the aggregation it attacks>")
-    return cls(**params)
+        raise ValueError(f"attack {cls.name!r} does not take {', '.join(sorted(unknown))}; "
+                         f"allowed: {', '.join(sorted(accepted - {'pipeline'})) or 'no parameters'}")
+    if cls.needs_pipeline and "pipeline" not in params:
+        raise ValueError(f"attack {cls.name!r} needs pipeline=<the aggregation it attacks>")
+    if cls.random and seed is not None and "seed" in accepted:
+        params.setdefault("seed", seed)
+    try:
+        return cls(**params)
+    except TypeError as e:  # a user's constructor that does not take what it declares
+        raise ValueError(f"attack {cls.name!r}: {e}") from None
 
 
-__all__ = ["ATTACKS", "NAMES", "Attack", "build", "alie_z", "SignFlipping", "FallOfEmpires",
+__all__ = ["ATTACKS", "Attack", "build", "get", "names", "register", "alie_z", "SignFlipping", "FallOfEmpires",
            "ALittleIsEnough", "Gaussian", "Honest", "NaNAttack", "InfAttack", "Mimic", "Scaling",
            "OptimalFOE", "OptimalALIE"]

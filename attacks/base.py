@@ -11,7 +11,13 @@ import torch
 
 
 class Attack:
+    """Subclasses implement `forge`. Class attributes say what an attack needs from whoever
+    builds it (`attacks.build`): `random`, a `seed` (it draws random numbers);
+    `needs_pipeline`, the pipeline of the channel it attacks (`pipeline=`)."""
+
     name = "attack"
+    random = False
+    needs_pipeline = False
 
     def __call__(self, honest: torch.Tensor, f: int) -> torch.Tensor:
         if not isinstance(honest, torch.Tensor) or honest.dim() != 2 or not honest.is_floating_point():

@@ -74,6 +74,7 @@ class Gaussian(Attack, Generated):
     """Byzantine messages drawn from N(mean, sigma^2 I); sigma = 200 as in Blanchard et al. 2017."""
 
     name = "gaussian"
+    random = True
 
     def __init__(self, sigma: float = 200.0, mean: float = 0.0, seed: int = 0,
                  generator: torch.Generator | None = None):

@@ -18,6 +18,8 @@ Aggregate = Callable[[torch.Tensor], torch.Tensor]
 
 
 class _LineSearch(Attack):
+    needs_pipeline = True
+
     def __init__(self, pipeline: Aggregate, low: float, high: float, steps: int):
         if not callable(pipeline):
             raise ValueError(f"{self.name}: pipeline must be a callable (n, d) -> (d,), got {pipeline!r}")

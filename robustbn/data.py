@@ -12,11 +12,14 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
-DATASETS = ("fashion-mnist", "mnist", "cifar10", "synthetic-images")
+from aggregators.plugins import is_reference
+from aggregators.plugins import load as plugin
+
 PARTITIONS = ("iid", "gamma", "dirichlet", "shards", "feature-shift")
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
@@ -145,14 +148,47 @@ def synthetic_images(n_train: int = 2000, n_test: int = 500, num_classes: int = 
     return (*draw(n_train), *draw(n_test))
 
 
+DATASETS: dict[str, Callable] = {}
+
+
+def register_dataset(name: str):
+    """Decorator: register `load(data_dir) -> Dataset` (tensors anywhere; standardized images
+    (N, C, H, W) float, labels int64) under `name`, a valid `dataset` from then on."""
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"register_dataset: the name must be a non-empty string without ':', got {name!r}")
+    def add(load):
+        if not callable(load):
+            raise TypeError(f"register_dataset: {load!r} is not callable")
+        DATASETS[name] = load
+        return load
+    return add
+
+
+for _name in STATS:
+    register_dataset(_name)(lambda data_dir, _name=_name: Dataset(_name, *_load_torchvision(_name, data_dir),
+                                                                  num_classes=10))
+register_dataset("synthetic-images")(lambda data_dir: Dataset("synthetic-images", *synthetic_images(), num_classes=10))
+
+
+def dataset_loader(name: str) -> Callable:
+    """The loader of a registered dataset name or of a `module:Name` reference (a callable
+    data_dir -> Dataset)."""
+    if is_reference(name):
+        load = plugin(name, None, "dataset")
+        if not callable(load):
+            raise ValueError(f"dataset {name!r}: not callable (a dataset is a function data_dir -> Dataset)")
+        return load
+    if not isinstance(name, str) or name not in DATASETS:
+        raise ValueError(f"{name!r} is not allowed; allowed: {', '.join(DATASETS)} or 'module:Name'")
+    return DATASETS[name]
+
+
 def load_dataset(name: str, data_dir=None, device: str | torch.device = "cpu") -> Dataset:
-    if name == "synthetic-images":
-        parts, classes = synthetic_images(), 10
-    elif name in STATS:
-        parts, classes = _load_torchvision(name, data_dir), 10
-    else:
-        raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {name!r}")
-    return Dataset(name, *(t.to(device) for t in parts), num_classes=classes)
+    data = dataset_loader(name)(data_dir)
+    if not isinstance(data, Dataset):
+        raise DataError(f"dataset {name!r}: its loader returned {type(data).__name__}, not a robustbn.data.Dataset")
+    return Dataset(data.name, *(t.to(device) for t in (data.x_train, data.y_train, data.x_test, data.y_test)),
+                   num_classes=data.num_classes)
 
 
 # ---- partitions ----------------------------------------------------------------------------

@@ -56,18 +56,14 @@ class Channel:
 
     def __init__(self, attack: str, attack_params: dict, spec: str, agg_params: dict, f: int, seed: int,
                  agg_f: int | None = None):
-        params = dict(agg_params)
-        if "bucketing" in spec.split("+"):
-            params.setdefault("seed", seed)
-        self.pipeline = aggregators.build(spec, f=f if agg_f is None else agg_f, **params)
+        agg_f = f if agg_f is None else agg_f
+        # a step or attack that draws random numbers gets this channel's seed unless its
+        # parameters set one; an attack that needs the pipeline it attacks gets it
+        self.pipeline = aggregators.build(spec, f=agg_f, seed=seed, **agg_params)
         # channels with equal keys have interchangeable pipelines (unless they draw random numbers)
-        self.key = (spec, repr(sorted(params.items())), f if agg_f is None else agg_f)
-        params = dict(attack_params)
-        if attack.startswith("opt-"):
-            params["pipeline"] = self.pipeline
-        if attack == "gaussian":
-            params.setdefault("seed", seed)
-        self.attack = attacks.build(attack, **params)
+        self.key = (spec, repr(sorted(agg_params.items())), agg_f)
+        extra = {"pipeline": self.pipeline} if getattr(attacks.get(attack), "needs_pipeline", False) else {}
+        self.attack = attacks.build(attack, seed=seed, **attack_params, **extra)
         self.f = f
 
     def messages(self, honest: torch.Tensor) -> torch.Tensor:

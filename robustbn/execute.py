@@ -17,6 +17,8 @@ from typing import Callable, Iterator
 
 from tqdm.auto import tqdm
 
+from aggregators.plugins import search_path
+
 from .scenario import Scenario
 from .store import Store, scenario_hash
 
@@ -49,9 +51,14 @@ def run_one(values: dict, progress=None) -> dict:
             "device": result.device}
 
 
-def _worker_init(threads: int) -> None:
+def _worker_init(threads: int, search: list[str] = ()) -> None:
+    """A worker's setup: its torch threads, and the driver's search path for `module:Name`
+    references (the scenario files' directories), so they resolve as in the driver."""
     import torch
+
+    from aggregators.plugins import add_search_path
     torch.set_num_threads(threads)
+    add_search_path(*search)
 
 
 def _run_in_worker(values: dict) -> dict:
@@ -61,8 +68,8 @@ def _run_in_worker(values: dict) -> dict:
         return {"error": traceback.format_exc(limit=4)}
 
 
-def _run_as_ray_task(values: dict, threads: int) -> dict:
-    _worker_init(threads)
+def _run_as_ray_task(values: dict, threads: int, search: list[str] = ()) -> dict:
+    _worker_init(threads, search)
     return _run_in_worker(values)
 
 
@@ -125,7 +132,8 @@ def _in_processes(todo: Todo, started: Callable, jobs: int) -> Outcomes:
     threads = max(1, (os.cpu_count() or 1) // jobs)
     ctx = get_context("spawn")  # CUDA and forked processes do not mix
     queue = iter(todo)
-    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
+    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init,
+                             initargs=(threads, search_path())) as pool:
         futures = {}
         def submit_next():  # one run per free worker, so the store's `running` rows are the runs in flight
             item = next(queue, None)
@@ -169,7 +177,7 @@ def _on_ray(todo: Todo, started: Callable, opts: RayOptions) -> Outcomes:
         waiting = {}
         for run_hash, sc in todo:
             started(run_hash, sc)
-            waiting[task.remote(sc.to_dict(), threads)] = (run_hash, sc)
+            waiting[task.remote(sc.to_dict(), threads, search_path())] = (run_hash, sc)
         while waiting:
             (ref,), _ = ray.wait(list(waiting), num_returns=1)
             try:

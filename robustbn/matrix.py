@@ -24,6 +24,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from aggregators.plugins import add_search_path
+
 from .channels import BN_CHANNELS, PARTS
 from .scenario import Scenario, ScenarioError
 
@@ -129,4 +131,5 @@ def load(path: str | Path, overrides: list[str] = ()) -> tuple[dict[str, Any], l
         if key not in FIELDS:
             raise MatrixError(f"--set {key}: unknown key; allowed: {', '.join(sorted(FIELDS))}")
         values[key] = value
+    add_search_path(path.resolve().parent)  # `module:Name` references: beside the file first
     return values, expand(values, str(path))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-MODELS = ("cnn", "simple-cnn", "resnet20")
+from aggregators.plugins import is_reference, load
+
 
 
 def _protocol(norm):
@@ -29,6 +30,8 @@ class TableOneCNN(nn.Module):
     the norm layer, max-pooling and dropout 0.25 after the second and fourth, then
     Linear(., 128), ReLU, Linear(128, classes). Sized from the input's channels and side."""
 
+    name = "cnn"
+
     def __init__(self, norm, in_channels: int = 3, image_size: int = 32, num_classes: int = 10,
                  gn_groups: int = 2, dropout: float = 0.25):
         super().__init__()
@@ -48,10 +51,12 @@ class TableOneCNN(nn.Module):
 
 class SimpleCNN(nn.Module):
     """Seed 003, Table 7: three blocks Conv(3x3; 16, 32, 64) -> norm -> ReLU -> MaxPool(2),
-    then FC(., 128), ReLU, FC(128, classes)."""
+    then FC(., 128), ReLU, FC(128, classes). No dropout (`dropout` is ignored)."""
+
+    name = "simple-cnn"
 
     def __init__(self, norm, in_channels: int = 3, image_size: int = 32, num_classes: int = 10,
-                 gn_groups: int = 2):
+                 gn_groups: int = 2, dropout: float = 0.0):
         super().__init__()
         layers, cin = [], in_channels
         for cout in (16, 32, 64):
@@ -88,10 +93,12 @@ class BasicBlock(nn.Module):
 
 class ResNet20(nn.Module):
     """ResNet-20 for small images (He et al. 2016; seeds 000/001): 3 stages of 3 basic blocks,
-    16/32/64 channels, parameter-free shortcuts."""
+    16/32/64 channels, parameter-free shortcuts. No dropout (`dropout` is ignored)."""
+
+    name = "resnet20"
 
     def __init__(self, norm, in_channels: int = 3, image_size: int = 32, num_classes: int = 10,
-                 gn_groups: int = 2):
+                 gn_groups: int = 2, dropout: float = 0.0):
         super().__init__()
         self.stem = nn.Sequential(make_conv(norm, in_channels, 16, 3, padding=1, bias=False),
                                   make_norm(norm, 16, gn_groups), nn.ReLU())
@@ -107,12 +114,36 @@ class ResNet20(nn.Module):
         return self.head(self.blocks(self.stem(x)).mean((2, 3)))
 
 
+MODELS: dict[str, type[nn.Module]] = {}
+
+
+def register(cls: type[nn.Module]) -> type[nn.Module]:
+    """Add a model class under its `name` (usable as a decorator). A model is built as
+    cls(norm, in_channels, image_size, num_classes, gn_groups=..., dropout=...), and puts its
+    normalization layers and convolutions through `make_norm` and `make_conv` so that every
+    norm protocol applies to it."""
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise TypeError(f"register: {cls!r} is not a subclass of torch.nn.Module")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"register: {cls.__name__} needs a class attribute `name` without ':', got {name!r}")
+    MODELS[name] = cls
+    return cls
+
+
+for _cls in (TableOneCNN, SimpleCNN, ResNet20):
+    register(_cls)
+
+
+def model_class(name: str) -> type[nn.Module]:
+    """The model class of a registered name or a `module:Name` reference."""
+    if is_reference(name):
+        return load(name, nn.Module, "model")
+    if not isinstance(name, str) or name not in MODELS:
+        raise ValueError(f"{name!r} is not allowed; allowed: {', '.join(MODELS)} or 'module:Name'")
+    return MODELS[name]
+
+
 def build_model(name: str, norm, in_channels: int, image_size: int, num_classes: int,
                 gn_groups: int = 2, dropout: float = 0.25) -> nn.Module:
-    if name == "cnn":
-        return TableOneCNN(norm, in_channels, image_size, num_classes, gn_groups, dropout)
-    if name == "simple-cnn":
-        return SimpleCNN(norm, in_channels, image_size, num_classes, gn_groups)
-    if name == "resnet20":
-        return ResNet20(norm, in_channels, image_size, num_classes, gn_groups)
-    raise ValueError(f"model must be one of {', '.join(MODELS)}, got {name!r}")
+    return model_class(name)(norm, in_channels, image_size, num_classes, gn_groups=gn_groups, dropout=dropout)

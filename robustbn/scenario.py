@@ -10,9 +10,9 @@ import aggregators
 import attacks
 
 from .channels import BN_CHANNEL_KEYS, BN_CHANNELS, CHANNELS, PARTS
-from .data import DATASETS, PARTITIONS
-from .models import MODELS
-from .protocols import PROTOCOLS
+from .data import PARTITIONS, dataset_loader
+from .models import model_class
+from .protocols import get as get_protocol
 
 ALGORITHMS = ("dsgd", "fedavg")
 # Fields left out of `to_dict` while unused, so that a scenario which does not use them keeps
@@ -177,11 +177,16 @@ class Scenario:
                 raise ScenarioError(name, f"must be a number in {'(' if low_open else '['}{low}, {high}"
                                           f"{')' if high_open else ']'}, got {v!r}")
 
-        choice("dataset", DATASETS)
+        def resolved(name, find):  # a registered name or a `module:Name` reference
+            try:
+                return find(getattr(self, name))
+            except (ValueError, TypeError) as e:
+                raise ScenarioError(name, str(e)) from None
+
+        resolved("dataset", dataset_loader)
         choice("partition", PARTITIONS)
-        choice("model", MODELS)
-        choice("norm", tuple(PROTOCOLS))
-        protocol = PROTOCOLS[self.norm]
+        resolved("model", model_class)
+        protocol = resolved("norm", get_protocol)
         choice("algorithm", ALGORITHMS)
         number("gamma", 0, 1)
         number("alpha", 0, float("inf"), low_open=True, high_open=True)
@@ -238,20 +243,24 @@ class Scenario:
         for key in (self.key_of(channel, "attack_params"), self.key_of(channel, "agg_params")):
             if not isinstance(getattr(self, key), (dict, type(None))):
                 raise ScenarioError(key, f"must be a table of parameters, got {getattr(self, key)!r}")
-        if channel != "grad" and not PROTOCOLS[self.norm].sends_statistics and name != "none":
+        if channel != "grad" and not get_protocol(self.norm).sends_statistics and name != "none":
             raise ScenarioError(attack_key, f"norm = {self.norm!r} sends no BN statistics; allowed: 'none'")
         if name != "none" and self.f == 0:
             raise ScenarioError(attack_key, f"{name!r} needs f >= 1 Byzantine clients (f = 0); use 'none'")
         try:
-            # line-searched attacks get their pipeline from the engine; a stand-in checks the rest
-            extra = {"pipeline": len} if name.startswith("opt-") else {}
-            attacks.build(name, **params, **extra)
+            cls = attacks.get(name)
         except (ValueError, TypeError) as e:
             raise ScenarioError(attack_key, str(e)) from None
+        try:
+            # an attack that needs its pipeline gets it from the engine; a stand-in checks the rest
+            extra = {"pipeline": len} if getattr(cls, "needs_pipeline", False) else {}
+            attacks.build(name, seed=self.seed, **params, **extra)
+        except (ValueError, TypeError) as e:  # its parameters: the params table's key, if given
+            raise ScenarioError(self.key_of(channel, "attack_params") if params else attack_key, str(e)) from None
         # without an attack on the channel, the Byzantine clients send nothing on it
         received = self.n if name != "none" else self.n - self.f
         try:
-            aggregators.build(spec, f=self.pipeline_f, n=received, **agg_params)
+            aggregators.build(spec, f=self.pipeline_f, n=received, seed=self.seed, **agg_params)
         except (ValueError, TypeError) as e:
             why = (f" (with {attack_key} = 'none' the Byzantine clients send nothing on this channel: "
                    f"the server receives n - f = {received} messages)") if received != self.n else ""

@@ -18,7 +18,7 @@ from robustbn.scenario import Scenario, ScenarioError
     ({"norm": "central", "f": 2}, "f", "admits f = 0 only"),
     ({"grad_attack": "sf"}, "grad_attack", "needs f >= 1"),
     ({"f": 2, "grad_attack": "bogus"}, "grad_attack", "unknown attack 'bogus'"),
-    ({"f": 2, "grad_attack": "foe", "grad_attack_params": {"z": 1}}, "grad_attack", "does not take z; allowed: eps"),
+    ({"f": 2, "grad_attack": "foe", "grad_attack_params": {"z": 1}}, "grad_attack_params", "does not take z; allowed: eps"),
     ({"algorithm": "sgd"}, "algorithm", "allowed: dsgd, fedavg"),
     ({"local_steps": 5}, "local_steps", "use algorithm = 'fedavg'"),
     ({"batch_size": 1}, "batch_size", "must be an integer >= 2"),

@@ -5,6 +5,8 @@ is one file and one line below, or `@register` on a class of one's own."""
 
 from __future__ import annotations
 
+from aggregators.plugins import is_reference, load
+
 from .base import Protocol
 from .central import Central
 from .fbn import FBN
@@ -35,8 +37,11 @@ for _cls in (Naive, FBN, FixBN, HBN, FedBN, Central, GroupNormProtocol, NoNorm, 
 
 
 def get(name: str) -> type[Protocol]:
-    if name not in PROTOCOLS:
-        raise ValueError(f"unknown norm protocol {name!r}; allowed: {', '.join(PROTOCOLS)}")
+    """The protocol class of a registered name or a `module:Name` reference."""
+    if is_reference(name):
+        return load(name, Protocol, "norm protocol")
+    if not isinstance(name, str) or name not in PROTOCOLS:
+        raise ValueError(f"{name!r} is not allowed; allowed: {', '.join(PROTOCOLS)} or 'module:Name'")
     return PROTOCOLS[name]
 
 

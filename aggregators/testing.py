@@ -1,0 +1,341 @@
+"""A hypothesis kit for aggregation rules: strategies for message sets (honest rows and up to f
+hostile ones: NaN, +-inf, 1e38, or adversarial finite values) and the properties that define
+a robust rule. Any spec runs through it (built-in names, `module:Name` steps, pipelines):
+
+    >>> from aggregators.testing import check
+    >>> [p.status for p in check("nnm+median", f=2, examples=20)]  # doctest: +SKIP
+    ['held', 'held', ...]
+
+Which properties apply is read from the steps' class attributes (`Rule`): a rule opts into
+translation and positive-scale equivariance (`translation_equivariant`,
+`scale_equivariant`), the honest coordinate range (`coordinatewise`) and an (f, kappa)
+bound (`kappa(n, f)`), and opts out of permutation invariance or identity on identical rows
+(`permutation_invariant`, `identity_on_identical`); a random rule (`random`) is exempt from
+the properties that compare two calls. `robustbn check-aggregator SPEC` prints the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+
+from .pipeline import Pipeline, build
+
+HOSTILE = (float("nan"), float("inf"), -float("inf"), 1e38, -1e38)
+
+
+@dataclass
+class Messages:
+    """One message set: x (n, d), the f the rule is built for, and which rows are hostile."""
+
+    x: torch.Tensor
+    f: int
+    hostile: tuple[int, ...]
+
+    @property
+    def finite(self) -> torch.Tensor:
+        """x in float64 with every hostile entry (non-finite or beyond 1e30) set to 0: the same
+        number of rows, for the properties stated on ordinary values."""
+        x = self.x.double()
+        return torch.where(torch.isfinite(x) & (x.abs() < 1e30), x, torch.zeros_like(x))
+
+    @property
+    def honest(self) -> torch.Tensor:
+        keep = [i for i in range(self.x.shape[0]) if i not in self.hostile]
+        return self.x[keep]
+
+    def __repr__(self) -> str:
+        return (f"Messages(f={self.f}, hostile rows {list(self.hostile)}, x={self.x.dtype} "
+                f"{np.array2string(self.x.numpy(), precision=4, threshold=60)})")
+
+
+@st.composite
+def message_sets(draw, n=None, f=None, d=None, dtypes=(torch.float32, torch.float64), hostile=True,
+                 exactly_f=False) -> Messages:
+    """Message sets with n > 2f rows (n, f, d drawn unless given), honest values in
+    [-1e3, 1e3] in general position, and up to f hostile rows (exactly f with `exactly_f`) in random places: each
+    hostile entry NaN, +-inf, +-1e38, or the honest mean pushed along one direction by 1 to
+    1e6 times the honest spread (the attacks that move a rule the most)."""
+    n = draw(n) if isinstance(n, st.SearchStrategy) else n
+    if f is None:
+        f = draw(st.integers(0, 3 if n is None else (n - 1) // 2))
+    n = draw(st.integers(2 * f + 1, 2 * f + 7)) if n is None else n
+    d = draw(st.integers(1, 6)) if d is None else d
+    dtype = draw(st.sampled_from(dtypes))
+    values = st.floats(-1e3, 1e3, allow_nan=False, width=32)
+    x = torch.tensor(draw(st.lists(st.lists(values, min_size=d, max_size=d), min_size=n, max_size=n)),
+                     dtype=torch.float64)
+    # general position: no exact ties between values or distances, so that a selection by rank
+    # or distance has one answer (hypothesis shrinks towards equal values otherwise)
+    x += 1e-2 * torch.sqrt(torch.arange(1, n * d + 1, dtype=torch.float64) * 2.0 + 1.0).reshape(n, d)
+    x = x.to(dtype)
+    bad = 0
+    if hostile and f:
+        bad = f if exactly_f else draw(st.integers(0, f))
+    rows = tuple(sorted(draw(st.permutations(range(n)))[:bad]))
+    if bad:
+        honest = x[[i for i in range(n) if i not in rows]]
+        center, spread = honest.mean(0), honest.std(0, correction=0).norm() + 1.0
+        direction = torch.tensor(draw(st.lists(st.sampled_from([-1.0, 0.0, 1.0]), min_size=d, max_size=d)),
+                                 dtype=dtype)
+        direction = direction if direction.any() else torch.ones(d, dtype=dtype)
+        for i in rows:
+            kind = draw(st.sampled_from(["shift", "shift", "hostile", "mixed"]))
+            push = center + draw(st.sampled_from([1.0, 3.0, 10.0, 1e3, 1e6])) * spread * direction
+            if kind == "shift":
+                x[i] = push
+            elif kind == "hostile":
+                x[i] = draw(st.sampled_from(HOSTILE))
+            else:
+                x[i] = torch.tensor([draw(st.sampled_from(HOSTILE)) if draw(st.booleans()) else float(v)
+                                     for v in push], dtype=dtype)
+    return Messages(x, f, rows)
+
+
+# ---- what a pipeline declares ------------------------------------------------------------
+
+def _steps(p: Pipeline):
+    return p.pre + [p.agg]
+
+
+def _all(p: Pipeline, attribute: str, default: bool) -> bool:
+    return all(getattr(step, attribute, default) for step in _steps(p))
+
+
+def kappa_of(p: Pipeline, n: int, f: int) -> float | None:
+    """The pipeline's declared (f, kappa) bound for n messages: its aggregator's `kappa(n, f)`,
+    through NNM as Allouah et al. (2023, Lemma 2) bound it (8f/(n-f) (kappa + 1)); None when a
+    step declares none."""
+    kappa = getattr(p.agg, "kappa", lambda n, f: None)(n, f)
+    if kappa is None:
+        return None
+    for step in reversed(p.pre):
+        if step.name != "nnm":
+            return None
+        kappa = 8 * f / (n - f) * (kappa + 1)
+    return kappa
+
+
+# ---- properties ----------------------------------------------------------------------------
+
+class NotApplicable(Exception):
+    """The property does not apply to this pipeline (it declares no such behaviour)."""
+
+
+def _close(a, b, what, rtol=1e-4, atol=1e-6):
+    scale = max(1.0, float(torch.nan_to_num(b.abs(), posinf=0.0, neginf=0.0).max()) if b.numel() else 1.0)
+    if not torch.allclose(a.double(), b.double(), rtol=rtol, atol=atol * scale, equal_nan=False):
+        raise AssertionError(f"{what}: {a.tolist()} != {b.tolist()}")
+
+
+def shape_dtype_device(make, m: Messages):
+    out = make(m)(m.x)
+    if out.shape != m.x.shape[1:] or out.dtype != m.x.dtype or out.device != m.x.device:
+        raise AssertionError(f"output {tuple(out.shape)} {out.dtype} on {out.device}, "
+                             f"input rows {tuple(m.x.shape[1:])} {m.x.dtype} on {m.x.device}")
+
+
+def input_not_written(make, m: Messages):
+    before = m.x.clone()
+    make(m)(m.x)
+    if not torch.equal(torch.nan_to_num(m.x, nan=7.0), torch.nan_to_num(before, nan=7.0)):
+        raise AssertionError("the rule wrote into its input")
+
+
+def finite_under_hostile_rows(make, m: Messages):
+    out = make(m)(m.x)
+    if not torch.isfinite(out).all():
+        raise AssertionError(f"non-finite output {out.tolist()} with {len(m.hostile)} <= f hostile rows")
+
+
+def permutation_invariant(make, m: Messages):
+    p = make(m)
+    if p.random or not _all(p, "permutation_invariant", True):
+        raise NotApplicable
+    perm = torch.arange(m.x.shape[0] - 1, -1, -1)
+    _close(p(m.finite[perm]), p(m.finite), "rows reversed")
+
+
+def translation_equivariant(make, m: Messages):
+    p = make(m)
+    if p.random or not _all(p, "translation_equivariant", False):
+        raise NotApplicable
+    x = m.finite  # a shift of inf is not a shift
+    t = torch.linspace(-50, 50, x.shape[1], dtype=x.dtype)
+    _close(p(x + t), p(x) + t, "shifted by t")
+
+
+def scale_equivariant(make, m: Messages):
+    p = make(m)
+    if p.random or not _all(p, "scale_equivariant", False):
+        raise NotApplicable
+    x = m.finite
+    for c in (1e-3, 7.0, 1e3):
+        _close(p(c * x), c * p(x), f"scaled by {c}")
+
+
+def identity_on_identical_rows(make, m: Messages):
+    p = make(m)
+    if not _all(p, "identity_on_identical", True):
+        raise NotApplicable
+    row = m.finite[0]
+    _close(p(row.repeat(m.x.shape[0], 1)), row, "n copies of one row")
+
+
+def honest_coordinate_range(make, m: Messages):
+    p = make(m)
+    if p.pre or not getattr(p.agg, "coordinatewise", False):
+        raise NotApplicable
+    out, honest = p(m.x), m.honest.double()
+    lo, hi = honest.min(0).values, honest.max(0).values
+    slack = 1e-5 * torch.maximum(lo.abs(), hi.abs()) + 1e-6
+    if not (torch.all(out.double() >= lo - slack) and torch.all(out.double() <= hi + slack)):
+        raise AssertionError(f"output {out.tolist()} outside the honest range [{lo.tolist()}, {hi.tolist()}]")
+
+
+def f_kappa_robust(make, m: Messages):
+    """Allouah et al. (2023): ||F(x) - mean_H||^2 <= kappa * mean_{i in H} ||x_i - mean_H||^2,
+    H the n - f honest rows (message sets with exactly f hostile, finite rows)."""
+    p = make(m)
+    n = m.x.shape[0]
+    kappa = kappa_of(p, n, m.f)
+    if kappa is None or p.random:
+        raise NotApplicable
+    if len(m.hostile) != m.f or not torch.isfinite(m.x).all():
+        return  # the bound is stated for exactly f Byzantine rows, finite
+    honest = m.honest.double()
+    center = honest.mean(0)
+    spread = ((honest - center) ** 2).sum(1).mean()
+    error = ((p(m.x).double() - center) ** 2).sum()
+    if error > kappa * spread * (1 + 1e-4) + 1e-6 * (1 + center.norm() ** 2):
+        raise AssertionError(f"||F(x) - honest mean||^2 = {float(error):.6g} > kappa {kappa:.4g} x honest spread "
+                             f"{float(spread):.6g}")
+
+
+def stacked_equals_calls(make, m: Messages):
+    p = make(m)
+    if p.random:
+        raise NotApplicable
+    sets = torch.stack([m.x, m.x.flip(0)])
+    _close(p.stacked(sets), torch.stack([p(s) for s in sets]), "stacked (vmap) against one call per set")
+
+
+PROPERTIES: dict[str, Callable] = {
+    "output shape, dtype and device kept": shape_dtype_device,
+    "input never written": input_not_written,
+    "finite under up to f hostile rows": finite_under_hostile_rows,
+    "permutation invariance": permutation_invariant,
+    "translation equivariance": translation_equivariant,
+    "positive-scale equivariance": scale_equivariant,
+    "identity on identical rows": identity_on_identical_rows,
+    "honest coordinate range": honest_coordinate_range,
+    "(f, kappa)-robustness": f_kappa_robust,
+    "stacked (vmap) equals one call per set": stacked_equals_calls,
+}
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str  # "held", "failed" or "not applicable"
+    counterexample: str = ""
+    error: str = ""
+
+
+def check(spec: str, f: int | None = None, n: int | None = None, examples: int = 100, seed: int = 0,
+          **params) -> list[Outcome]:
+    """Run every property on `spec` (built with `params`) over hypothesis-drawn message sets
+    (f and n drawn unless given, n > 2f); each property's outcome, with the shrunk
+    counterexample of a failure. Raises ValueError for a spec that cannot be built."""
+    build(spec, f=f or 0, **params)  # a bad spec: one clear error before anything runs
+
+    def make(m: Messages) -> Pipeline:
+        return build(spec, f=m.f, seed=seed, **params)
+
+    sizes = st.just(n) if n is not None else st.none()
+    outcomes = []
+    for name, prop in PROPERTIES.items():
+        seen = {"applicable": False, "last": None}
+
+        @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+        @given(data=st.data())
+        def run(data):
+            m = data.draw(message_sets(n=data.draw(sizes), f=f, exactly_f=prop is f_kappa_robust))
+            try:
+                make(m).check(m.x.shape[0])
+            except ValueError:
+                assume(False)  # more rows than the rule needs for this f: another draw
+            try:
+                seen["last"] = m
+                prop(make, m)
+                seen["applicable"] = True
+            except NotApplicable:
+                pass
+            except Exception as e:  # noqa: BLE001 (a user's rule may raise anything)
+                seen["applicable"] = True
+                raise AssertionError(f"{type(e).__name__}: {e}") from None
+
+        try:
+            run()
+            outcomes.append(Outcome(name, "held" if seen["applicable"] else "not applicable"))
+        except AssertionError as e:
+            outcomes.append(Outcome(name, "failed", repr(seen["last"]), str(e).splitlines()[0][:300]))
+        except Unsatisfiable:
+            outcomes.append(Outcome(name, "not applicable"))
+    return outcomes
+
+
+def check_attack(name: str, f: int = 2, examples: int = 50, **params) -> list[Outcome]:
+    """The properties an attack must have on any honest message set: f rows of the honest
+    rows' width, dtype and device, and no writes into the honest messages."""
+    import attacks
+    if getattr(attacks.get(name), "needs_pipeline", False):
+        params.setdefault("pipeline", build("median", f=f))  # the aggregation it line-searches against
+    attack = attacks.build(name, **params)
+    if attack is None:
+        return [Outcome("an attack", "not applicable")]
+    outcomes = []
+
+    def forged_shape(m: Messages):
+        out = attack(m.x, f)
+        if out.shape != (f, m.x.shape[1]) or out.dtype != m.x.dtype or out.device != m.x.device:
+            raise AssertionError(f"{tuple(out.shape)} {out.dtype} for honest {tuple(m.x.shape)} {m.x.dtype}")
+
+    def honest_not_written(m: Messages):
+        before = m.x.clone()
+        attack(m.x, f)
+        if not torch.equal(m.x, before):
+            raise AssertionError("the attack wrote into the honest messages")
+
+    for label, prop in (("f messages of the honest shape, dtype and device", forged_shape),
+                        ("honest messages never written", honest_not_written)):
+        seen = {}
+
+        @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+        @given(m=message_sets(n=st.integers(1, 12), f=0, hostile=False))
+        def run(m):
+            try:
+                attack(m.x, f)
+            except ValueError:
+                assume(False)  # too few honest messages for this attack and f: another draw
+            seen["last"] = m
+            prop(m)
+
+        try:
+            run()
+            outcomes.append(Outcome(label, "held"))
+        except AssertionError as e:
+            outcomes.append(Outcome(label, "failed", repr(seen["last"]), str(e)[:300]))
+    return outcomes
+
+
+__all__ = ["HOSTILE", "Messages", "NotApplicable", "Outcome", "PROPERTIES", "check", "check_attack", "kappa_of",
+           "message_sets"]

@@ -1,0 +1,227 @@
+"""An open testbed: a user's rule, attack, protocol, model and dataset, named `module:Name` in
+a scenario file beside their module or registered in Python, run like the built-ins, in this
+process, in `--jobs` workers and in Ray tasks; every bad reference is one line and exit 2."""
+
+import importlib
+import sys
+
+import pytest
+
+import aggregators
+import attacks
+import robustbn
+from aggregators import plugins
+from robustbn import data, models, protocols
+from robustbn.cli import main
+
+from matrices import TINY_RUN, torch_threads
+from test_cluster import histories, local_ray  # noqa: F401  (a fixture)
+
+RULES = '''
+import torch
+import aggregators
+
+
+class MyTrimmedMean(aggregators.Rule):
+    """Drop the f largest and f smallest values per coordinate: the built-in trmean, by hand."""
+    name = "my-trmean"
+
+    def __init__(self, f: int):
+        self.f = f
+
+    def rows_out(self, n):
+        if 2 * self.f >= n:
+            raise ValueError(f"my-trmean: needs 2f < n, got f={self.f}, n={n}")
+        return 1
+
+    def apply(self, x):
+        n = x.shape[0]
+        return torch.sort(x, dim=0).values[self.f : n - self.f].mean(0)
+
+
+class NotARule:
+    pass
+'''
+
+ATTACKS = '''
+import attacks
+
+
+class Shift(attacks.Attack):
+    """Every Byzantine client sends the honest mean plus `delta` on every coordinate."""
+    name = "shift"
+
+    def __init__(self, delta: float = 1.0):
+        self.delta = float(delta)
+
+    def forge(self, honest, f):
+        return (honest.mean(0) + self.delta).repeat(f, 1)
+'''
+
+MATRIX = TINY_RUN + """norm = "fbn"
+f = 1
+grad_attack = "{attack}"
+grad_attack_params = {{ delta = 0.5 }}
+grad_agg = "{agg}"
+bn_attack = "sf"
+bn_agg = "median"
+seed = [0, 1]
+"""
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    """A directory holding the user's modules (names unique to the test) and a scenario file
+    beside them; the search path, sys.path and sys.modules are restored afterwards."""
+    suffix = tmp_path.name.replace("-", "_")
+    rules, atks = f"myrules_{suffix}", f"myattacks_{suffix}"
+    (tmp_path / f"{rules}.py").write_text(RULES)
+    (tmp_path / f"{atks}.py").write_text(ATTACKS)
+    monkeypatch.setattr(plugins, "_SEARCH", [])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    modules = dict(sys.modules)
+    yield tmp_path, rules, atks
+    for name in set(sys.modules) - set(modules):
+        del sys.modules[name]
+
+
+def matrix(path, attack, agg):
+    path.write_text(MATRIX.format(attack=attack, agg=agg))
+    return str(path)
+
+
+def by_seed(db) -> list:
+    return [history for _, history in sorted(histories(db).values(), key=lambda r: str(r[1]))]
+
+
+def run(*args) -> int:
+    return main(["run", *map(str, args), "--quiet"])
+
+
+def test_a_users_rule_and_attack_run_alike_in_process_in_workers_and_as_registered(user_dir, capsys):
+    tmp, rules, atks = user_dir
+    file = matrix(tmp / "mine.toml", f"{atks}:Shift", f"nnm+{rules}:MyTrimmedMean")
+    with torch_threads(1):
+        assert run(file, "--db", tmp / "here.sqlite") == 0
+    assert run(file, "--db", tmp / "jobs.sqlite", "--jobs", "2") == 0
+    assert "2 runs: 2 ran" in capsys.readouterr().out
+    # the same classes registered in Python, named as built-ins
+    aggregators.register(importlib.import_module(rules).MyTrimmedMean)
+    attacks.register(importlib.import_module(atks).Shift)
+    try:
+        named = matrix(tmp / "named.toml", "shift", "nnm+my-trmean")
+        with torch_threads(1):
+            assert run(named, "--db", tmp / "named.sqlite") == 0
+    finally:
+        del aggregators.AGGREGATORS["my-trmean"], attacks.ATTACKS["shift"]
+    here = by_seed(tmp / "here.sqlite")
+    assert len(here) == 2 and here == by_seed(tmp / "jobs.sqlite") == by_seed(tmp / "named.sqlite")
+    # and it is the built-in trimmed mean
+    with torch_threads(1):
+        assert run(matrix(tmp / "builtin.toml", f"{atks}:Shift", "nnm+trmean"), "--db", tmp / "builtin.sqlite") == 0
+    assert by_seed(tmp / "builtin.sqlite") == here
+
+
+def test_a_users_rule_and_attack_run_alike_in_ray_tasks(user_dir, local_ray, capsys):  # noqa: F811
+    tmp, rules, atks = user_dir
+    file = matrix(tmp / "mine.toml", f"{atks}:Shift", f"nnm+{rules}:MyTrimmedMean")
+    with torch_threads(1):
+        assert run(file, "--db", tmp / "here.sqlite") == 0
+    assert run(file, "--db", tmp / "ray.sqlite", "--executor", "ray") == 0
+    assert by_seed(tmp / "ray.sqlite") == by_seed(tmp / "here.sqlite")
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("grad_agg", "nnm+nosuchmodule:Rule", "no module 'nosuchmodule' beside the scenario file"),
+    ("grad_agg", "nnm+{rules}:Missing", "has no 'Missing'"),
+    ("grad_agg", "nnm+{rules}:NotARule", "NotARule is not a subclass of aggregators.base.Rule"),
+    ("grad_agg", "{rules}:MyTrimmedMean+median", "an aggregator: only the last step may be one"),
+    ("grad_agg", "nnm+{rules}:", "written 'module:Name'"),
+    ("grad_attack", "{atks}:Nope", "has no 'Nope'"),
+    ("grad_attack", "{rules}:MyTrimmedMean", "not a subclass of attacks.base.Attack"),
+    ("grad_attack_params", "{{ delta = 1, sigma = 2 }}", "does not take sigma"),
+    ("norm", "{rules}:MyTrimmedMean", "not a subclass of robustbn.protocols.base.Protocol"),
+    ("model", "broken:Net", "importing 'broken' failed: ZeroDivisionError"),
+    ("dataset", "{rules}:Nothing", "has no 'Nothing'"),
+])
+def test_every_bad_reference_is_one_line_naming_the_file_and_key(user_dir, capsys, key, value, says):
+    tmp, rules, atks = user_dir
+    (tmp / "broken.py").write_text("1 / 0\n")
+    text = MATRIX.format(attack=f"{atks}:Shift", agg="nnm+trmean")
+    value = value.format(rules=rules, atks=atks)
+    line = f"{key} = {value}" if key.endswith("_params") else f'{key} = "{value}"'
+    text = "\n".join(l for l in text.splitlines() if not l.startswith(f"{key} =")) + "\n" + line + "\n"
+    (tmp / "bad.toml").write_text(text)
+    assert run(tmp / "bad.toml", "--db", tmp / "r.sqlite") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad.toml" in err and f"key {key!r}" in err and says in err, err
+    assert not (tmp / "r.sqlite").exists() or histories(tmp / "r.sqlite") == {}
+
+
+PROTOCOL_MODEL_DATASET = '''
+import torch
+from torch import nn
+
+from robustbn.data import Dataset, synthetic_images
+from robustbn.models import make_conv, make_norm
+from robustbn.protocols import FBN
+
+
+class HalfFBN(FBN):
+    """FBN whose server keeps half of its old statistics."""
+    name = "half-fbn"
+
+    def server_update(self, shared_mean, shared_var, *args, **kwargs):
+        mean, var = super().server_update(shared_mean, shared_var, *args, **kwargs)
+        return (mean + shared_mean) / 2, (var + shared_var) / 2
+
+
+class TinyNet(nn.Module):
+    name = "tiny"
+
+    def __init__(self, norm, in_channels, image_size, num_classes, gn_groups=2, dropout=0.0):
+        super().__init__()
+        self.body = nn.Sequential(make_conv(norm, in_channels, 8, 3, padding=1), make_norm(norm, 8, gn_groups),
+                                  nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def four_classes(data_dir):
+    x, y, xt, yt = synthetic_images(n_train=400, n_test=100, num_classes=4, size=8)
+    return Dataset("four-classes", x, y, xt, yt, num_classes=4)
+'''
+
+
+def test_a_users_protocol_model_and_dataset_run_in_a_matrix(user_dir, capsys):
+    tmp, _, _ = user_dir
+    (tmp / "mine_pmd.py").write_text(PROTOCOL_MODEL_DATASET)
+    text = TINY_RUN.replace('model = "simple-cnn"', 'model = "mine_pmd:TinyNet"').replace(
+        'dataset = "synthetic-images"', 'dataset = "mine_pmd:four_classes"')
+    (tmp / "m.toml").write_text(text + 'norm = ["mine_pmd:HalfFBN", "fbn"]\nf = 1\nbn_attack = "sf"\n'
+                                       'bn_agg = "median"\n')
+    assert run(tmp / "m.toml", "--db", tmp / "r.sqlite", "--jobs", "2") == 0
+    rows = list(histories(tmp / "r.sqlite").values())
+    assert len(rows) == 2 and all(status == "done" and history for status, history in rows)
+    assert rows[0][1] != rows[1][1]  # the user's server half ran
+
+
+def test_register_decorators_put_a_users_classes_in_every_catalogue(user_dir):
+    tmp, _, _ = user_dir
+    (tmp / "mine_pmd2.py").write_text(PROTOCOL_MODEL_DATASET)
+    plugins.add_search_path(tmp)
+    mod = importlib.import_module("mine_pmd2")
+    protocols.register(mod.HalfFBN)
+    models.register(mod.TinyNet)
+    data.register_dataset("four-classes")(mod.four_classes)
+    try:
+        result = robustbn.run(dict(dataset="four-classes", model="tiny", norm="half-fbn", n=4, f=1, rounds=4,
+                                   batch_size=8, eval_every=2, bn_attack="sf", bn_agg="median"))
+        assert [h["round"] for h in result.history] == [2, 4] and list(result.bn_stats) == ["body.1"]
+    finally:
+        del protocols.PROTOCOLS["half-fbn"], models.MODELS["tiny"], data.DATASETS["four-classes"]
+    with pytest.raises(TypeError, match="not a subclass of aggregators.Rule"):
+        aggregators.register(int)
+    with pytest.raises(ValueError, match="lower-case name without"):
+        attacks.register(type("Bad", (attacks.Attack,), {"name": "none"}))
