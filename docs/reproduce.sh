@@ -22,7 +22,13 @@ $RUN scenarios/fbn_fig4_both_fmnist.toml --set gamma=0.0 --set seed=1
 $RUN scenarios/fbn_fig4_variance_fmnist.toml
 $RUN scenarios/fbn_scale_fmnist.toml
 # Figure 3, the gap to centralized BN and its causes, seeds 003 and 004's settings
-$RUN scenarios/fbn_fig3_fmnist.toml --set 'gamma=[0.0, 0.1, 0.5, 1.0]'
+$RUN scenarios/fbn_fig3_fmnist.toml --set 'gamma=[0.0, 0.1, 0.5, 1.0]' \
+  --set 'norm=["naive", "fbn", "fixbn", "hbn", "fedbn", "gn", "central"]'
+$RUN scenarios/fbn_fig3_fmnist.toml --set 'gamma=[0.0, 1.0]' --set 'norm=["fbn-scale", "silobn", "fedwon", "none"]'
+# exact federated BN against FBN and centralized BN, and under the paper's attack
+$RUN scenarios/fedtan_gap_fmnist.toml
+$RUN scenarios/fedtan_fig4_fmnist.toml
+$RUN scenarios/fedtan_paper_schedule_fmnist.toml
 $RUN scenarios/fbn_gap_cause_fmnist.toml
 $RUN scenarios/fbn_central_gap_fmnist.toml
 $RUN scenarios/fbn_sf_cause_fmnist.toml

@@ -88,7 +88,7 @@ def main(paths):
     fig3 = [r for r in rows if cpu_schedule(r) and r["f"] == 0 and r["bn_agg"] == "mean"]
     pivot(fig3, lambda r: r["norm"], lambda r: f"gamma = {r['gamma']}",
           "Figure 3 (Fashion-MNIST): final test accuracy (%), no attack")
-    fig4 = [r for r in rows if cpu_schedule(r) and r["norm"] in ("naive", "fbn") and r["gamma"] in (0.0, 0.01)
+    fig4 = [r for r in rows if cpu_schedule(r) and r["norm"] in ("naive", "fbn", "fedtan") and r["gamma"] in (0.0, 0.01)
             and r["grad_attack"] == "none" and (r["f"] == 3 or (r["f"] == 0 and r["bn_agg"] == "mean"))]
     for kind, channel, title in (
             ("mean", "bn_mean", "Figure 4 and C.3, the paper's attack: f = 3 of 10 attack the BN means only "
@@ -108,13 +108,19 @@ def main(paths):
           .get(touched(r), touched(r)) + ("" if touched(r) == "none" else f" / {r['bn_mean_agg']}"),
           "The paper's schedule (T = 1500, momentum 0.99), gamma = 0: final test accuracy (%)")
     gap = [r for r in rows if r["algorithm"] == "dsgd" and r["partition"] == "gamma" and r["gamma"] == 0.0
-           and r["norm"] in ("fbn", "central", "none") and r["bn_agg"] == "mean" and r["model"] == "simple-cnn"
+           and r["norm"] in ("fbn", "central", "none", "fedtan") and r["bn_agg"] == "mean" and r["model"] == "simple-cnn"
            and (r["rounds"] == 1500 or (r["rounds"] == 200 and (r["f"] == 0 or r["norm"] == "none")))]
     pivot(gap, lambda r: f"{r['norm']}, n = {r['n']} x batch {r['batch_size']}, beta = {r['bn_momentum']}"
           + ("" if not r["f"] else f", f = {r['f']} sending nothing" if touched(r) == "none"
              else f", SF on the {'statistics' if touched(r) == 'both' else touched(r)} by f = {r['f']}, undefended"),
           lambda r: "T = 200, momentum 0.9" if r["rounds"] == 200 else "T = 1500, momentum 0.99 (paper)",
           "FBN against centralized BN at gamma = 0: final test accuracy (%)")
+    scale = [r for r in rows if cpu_schedule(r) and r["norm"] in ("fbn", "fbn-scale") and r["gamma"] == 0.0
+             and r["f"] == 3 and r["grad_attack"] == "none" and r["bn_agg"] == "mean"
+             and touched(r) in ("none", "both", "mean") and r["bn_mean_attack"] in ("sf", "none")]
+    pivot(scale, lambda r: r["norm"], lambda r: {"none": "no attack (7 honest)", "both": "SF on both statistics",
+                                                 "mean": "SF on the means"}[touched(r)],
+          "Scale-only FBN against FBN, f = 3 of 10, gamma = 0, undefended: final test accuracy (%)")
     for partition, title in (("dirichlet", "Seed 003's setting (FedAvg, Dirichlet 0.6, batch 8)"),
                              ("feature-shift", "Feature shift (seed 004's setting)")):
         part = [r for r in rows if r["algorithm"] == "fedavg" and r["partition"] == partition]

@@ -1,0 +1,38 @@
+"""The worked examples run as documented (on synthetic data and a few rounds)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from aggregators import plugins
+from robustbn.cli import main
+
+from test_cluster import histories
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "bring_your_own_defense"
+
+
+@pytest.fixture
+def clean_search_path(monkeypatch):
+    monkeypatch.setattr(plugins, "_SEARCH", [])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    modules = set(sys.modules)
+    yield
+    for name in set(sys.modules) - modules:
+        del sys.modules[name]
+
+
+def test_bring_your_own_defense_runs_its_matrix_and_passes_the_kit(tmp_path, clean_search_path, capsys,
+                                                                    monkeypatch):
+    small = ["--set", "dataset=synthetic-images", "--set", "rounds=4", "--set", "eval_every=2",
+             "--set", "batch_size=8", "--set", "lr_milestones=[]"]
+    db = tmp_path / "r.sqlite"
+    assert main(["run", str(EXAMPLE / "matrix.toml"), "--db", str(db), "--jobs", "2", "--quiet", *small]) == 0
+    assert "8 runs: 8 ran" in capsys.readouterr().out
+    rows = list(histories(db).values())
+    assert len(rows) == 8 and all(status == "done" and len(history) == 2 for status, history in rows)
+    monkeypatch.chdir(EXAMPLE)  # check-aggregator finds the modules beside the working directory
+    assert main(["check-aggregator", "mydefense:ClipToMedianNorm+mydefense:MedianOfMeans", "--f", "3", "--n", "10",
+                 "--examples", "15"]) == 0
+    assert main(["check-aggregator", "myattack:MeanMinusZStd", "--attack", "--examples", "10"]) == 0
