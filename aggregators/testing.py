@@ -240,6 +240,12 @@ PROPERTIES: dict[str, Callable] = {
 }
 
 
+def _settings(examples: int):
+    """Reproducible runs (derandomized, no example database) that stop at the first failure."""
+    return settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+                    suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+
+
 @dataclass
 class Outcome:
     name: str
@@ -263,8 +269,7 @@ def check(spec: str, f: int | None = None, n: int | None = None, examples: int =
     for name, prop in PROPERTIES.items():
         seen = {"applicable": False, "last": None}
 
-        @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+        @_settings(examples)
         @given(data=st.data())
         def run(data):
             m = data.draw(message_sets(n=data.draw(sizes), f=f, exactly_f=prop is f_kappa_robust))
@@ -296,8 +301,7 @@ def check_attack(name: str, f: int = 2, examples: int = 50, **params) -> list[Ou
     """The properties an attack must have on any honest message set: f rows of the honest
     rows' width, dtype and device, and no writes into the honest messages."""
     import attacks
-    if getattr(attacks.get(name), "needs_pipeline", False):
-        params.setdefault("pipeline", build("median", f=f))  # the aggregation it line-searches against
+    params.setdefault("pipeline", build("median", f=f))  # for an attack that line-searches against one
     attack = attacks.build(name, **params)
     if attack is None:
         return [Outcome("an attack", "not applicable")]
@@ -318,8 +322,7 @@ def check_attack(name: str, f: int = 2, examples: int = 50, **params) -> list[Ou
                         ("honest messages never written", honest_not_written)):
         seen = {}
 
-        @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+        @_settings(examples)
         @given(m=message_sets(n=st.integers(1, 12), f=0, hostile=False))
         def run(m):
             try:

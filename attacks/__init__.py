@@ -63,12 +63,14 @@ def get(name: str) -> type[Attack] | None:
     return ATTACKS[key]
 
 
-def build(name: str, seed: int | None = None, **params) -> Attack | None:
+def build(name: str, seed: int | None = None, pipeline=None, **params) -> Attack | None:
     """The attack called `name` with its parameters; "none" gives None (no attack).
 
-    An attack that needs the pipeline it attacks (`needs_pipeline`, e.g. "opt-foe") needs
-    `pipeline=`; one that draws random numbers (`random`) gets `seed` unless `params` sets
-    one. Unknown names or parameters raise a ValueError saying what is allowed.
+    `seed` and `pipeline` are offered, taken only by the attacks that declare a use for them:
+    one that draws random numbers (`random`) gets `seed` unless `params` sets one; one that
+    needs the pipeline it attacks (`needs_pipeline`, e.g. "opt-foe") gets `pipeline`, and
+    without it is an error. Unknown names or parameters raise a ValueError saying what is
+    allowed.
     """
     cls = get(name)
     if cls is None:
@@ -80,8 +82,10 @@ def build(name: str, seed: int | None = None, **params) -> Attack | None:
     if unknown:
         raise ValueError(f"attack {cls.name!r} does not take {', '.join(sorted(unknown))}; "
                          f"allowed: {', '.join(sorted(accepted - {'pipeline'})) or 'no parameters'}")
-    if cls.needs_pipeline and "pipeline" not in params:
-        raise ValueError(f"attack {cls.name!r} needs pipeline=<the aggregation it attacks>")
+    if cls.needs_pipeline:
+        if pipeline is None:
+            raise ValueError(f"attack {cls.name!r} needs pipeline=<the aggregation it attacks>")
+        params["pipeline"] = pipeline
     if cls.random and seed is not None and "seed" in accepted:
         params.setdefault("seed", seed)
     try:

@@ -62,8 +62,7 @@ class Channel:
         self.pipeline = aggregators.build(spec, f=agg_f, seed=seed, **agg_params)
         # channels with equal keys have interchangeable pipelines (unless they draw random numbers)
         self.key = (spec, repr(sorted(agg_params.items())), agg_f)
-        extra = {"pipeline": self.pipeline} if getattr(attacks.get(attack), "needs_pipeline", False) else {}
-        self.attack = attacks.build(attack, seed=seed, **attack_params, **extra)
+        self.attack = attacks.build(attack, seed=seed, pipeline=self.pipeline, **attack_params)
         self.f = f
 
     def messages(self, honest: torch.Tensor) -> torch.Tensor:

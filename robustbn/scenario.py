@@ -248,13 +248,12 @@ class Scenario:
         if name != "none" and self.f == 0:
             raise ScenarioError(attack_key, f"{name!r} needs f >= 1 Byzantine clients (f = 0); use 'none'")
         try:
-            cls = attacks.get(name)
+            attacks.get(name)
         except (ValueError, TypeError) as e:
             raise ScenarioError(attack_key, str(e)) from None
         try:
             # an attack that needs its pipeline gets it from the engine; a stand-in checks the rest
-            extra = {"pipeline": len} if getattr(cls, "needs_pipeline", False) else {}
-            attacks.build(name, seed=self.seed, **params, **extra)
+            attacks.build(name, seed=self.seed, pipeline=len, **params)
         except (ValueError, TypeError) as e:  # its parameters: the params table's key, if given
             raise ScenarioError(self.key_of(channel, "attack_params") if params else attack_key, str(e)) from None
         # without an attack on the channel, the Byzantine clients send nothing on it

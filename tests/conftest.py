@@ -1,5 +1,7 @@
 import os
+import sys
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # `ci`: the thorough profile .ci/run uses (>= 500 examples per property).
@@ -7,3 +9,16 @@ settings.register_profile("ci", max_examples=500, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("default", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture
+def clean_search_path(monkeypatch):
+    """A test that adds `module:Name` search directories and imports a user's modules leaves
+    the search path, sys.path and sys.modules as it found them."""
+    from aggregators import plugins
+    monkeypatch.setattr(plugins, "_SEARCH", [])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    modules = set(sys.modules)
+    yield
+    for name in set(sys.modules) - modules:
+        del sys.modules[name]

@@ -1,26 +1,12 @@
 """The worked examples run as documented (on synthetic data and a few rounds)."""
 
-import sys
 from pathlib import Path
 
-import pytest
-
-from aggregators import plugins
 from robustbn.cli import main
 
 from test_cluster import histories
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "bring_your_own_defense"
-
-
-@pytest.fixture
-def clean_search_path(monkeypatch):
-    monkeypatch.setattr(plugins, "_SEARCH", [])
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    modules = set(sys.modules)
-    yield
-    for name in set(sys.modules) - modules:
-        del sys.modules[name]
 
 
 def test_bring_your_own_defense_runs_its_matrix_and_passes_the_kit(tmp_path, clean_search_path, capsys,

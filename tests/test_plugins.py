@@ -3,7 +3,6 @@ a scenario file beside their module or registered in Python, run like the built-
 process, in `--jobs` workers and in Ray tasks; every bad reference is one line and exit 2."""
 
 import importlib
-import sys
 
 import pytest
 
@@ -70,19 +69,14 @@ seed = [0, 1]
 
 
 @pytest.fixture
-def user_dir(tmp_path, monkeypatch):
+def user_dir(tmp_path, clean_search_path):
     """A directory holding the user's modules (names unique to the test) and a scenario file
     beside them; the search path, sys.path and sys.modules are restored afterwards."""
     suffix = tmp_path.name.replace("-", "_")
     rules, atks = f"myrules_{suffix}", f"myattacks_{suffix}"
     (tmp_path / f"{rules}.py").write_text(RULES)
     (tmp_path / f"{atks}.py").write_text(ATTACKS)
-    monkeypatch.setattr(plugins, "_SEARCH", [])
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    modules = dict(sys.modules)
-    yield tmp_path, rules, atks
-    for name in set(sys.modules) - set(modules):
-        del sys.modules[name]
+    return tmp_path, rules, atks
 
 
 def matrix(path, attack, agg):
