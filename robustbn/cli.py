@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
 from . import __version__
 
 DEFAULT_DB = "results/robustbn.sqlite"
+BIG_MATRIX = 2000  # runs: more needs --yes
 
 DEMO_TOML = """\
 description = "robustbn demo: FBN vs naive BN on Fashion-MNIST under extreme heterogeneity (gamma = 0). 3 of 10 clients flip the sign of their BN mean messages and send honest-looking variances (seed 002's attack); the server averages (no defense) or runs nnm+median on the statistics"
@@ -56,6 +58,8 @@ class UsageError(Exception):
 
 def _fail_cleanly(fn):
     def wrapper(args):
+        import sqlite3
+
         from .data import DataError
         from .execute import ExecutorError
         from .matrix import MatrixError
@@ -65,6 +69,9 @@ def _fail_cleanly(fn):
             return fn(args)
         except (UsageError, MatrixError, ScenarioError, DataError, ExecutorError, StoreError) as e:
             print(f"robustbn {args.command}: {e}", file=sys.stderr)
+            return 2
+        except sqlite3.Error as e:  # a store that broke after it opened: truncated, full disk, locked
+            print(f"robustbn {args.command}: {getattr(args, 'db', 'the results store')}: {e}", file=sys.stderr)
             return 2
     return wrapper
 
@@ -96,12 +103,19 @@ def _channel_columns(rows: list[dict], columns: list[str]) -> list[str]:
 
 
 def _run_and_report(values_scenarios, source, args) -> int:
-    from .execute import RayOptions, parse_shard, run_matrix
+    from .checkpoint import Interrupted, checkpoint_dir
+    from .execute import MAX_JOBS, RayOptions, parse_shard, run_matrix
     from .store import Store
 
     _, scenarios = values_scenarios
-    if args.jobs < 1:
-        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    if not 1 <= args.jobs <= MAX_JOBS:
+        raise UsageError(f"--jobs must be between 1 and {MAX_JOBS} (processes at once; this machine has "
+                         f"{os.cpu_count()} cores), got {args.jobs}")
+    if args.checkpoint_every is not None and args.checkpoint_every < 0:
+        raise UsageError(f"--checkpoint-every must be >= 0 rounds (0: no checkpoints), got {args.checkpoint_every}")
+    if len(scenarios) > BIG_MATRIX and not args.yes:
+        raise UsageError(f"{source} expands to {len(scenarios)} runs; pass --yes to run them all "
+                         f"(or --shard I/N to run a slice; `robustbn list` shows them)")
     executor = getattr(args, "executor", "local")
     shard = parse_shard(args.shard) if getattr(args, "shard", None) else None
     ray_options = None
@@ -117,15 +131,25 @@ def _run_and_report(values_scenarios, source, args) -> int:
     store = Store(args.db)
     try:
         summary = run_matrix(scenarios, store, source=source, jobs=args.jobs, device=args.device,
-                             progress=not args.quiet, executor=executor, shard=shard, ray_options=ray_options)
+                             progress=not args.quiet, executor=executor, shard=shard, ray_options=ray_options,
+                             checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints)
+        code = 1 if summary.failed else 0
+    except Interrupted as e:
+        summary, code = e.summary, 128 + e.signum
     finally:
         store.close()
     where = f"shard {args.shard} of {len(scenarios)} runs: " if shard else ""
-    print(f"{where}{summary.total} runs: {summary.done} ran, {summary.skipped} already done, "
+    others = f", {summary.taken} being run by another process" if summary.taken else ""
+    resumed = f" ({summary.resumed} resumed from checkpoints)" if summary.resumed else ""
+    print(f"{where}{summary.total} runs: {summary.done} ran{resumed}, {summary.skipped} already done{others}, "
           f"{len(summary.failed)} failed; results in {args.db}")
+    if code >= 128:
+        print(f"robustbn {args.command}: stopped by {signal.Signals(code - 128).name}: "
+              f"{summary.interrupted} unfinished runs checkpointed in {checkpoint_dir(args.db)}; "
+              f"the same command resumes them", file=sys.stderr)
     for run_hash, error in summary.failed:
         print(f"  failed {run_hash}: {error}", file=sys.stderr)
-    return 1 if summary.failed else 0
+    return code
 
 
 @_fail_cleanly
@@ -177,15 +201,12 @@ def cmd_list(args) -> int:
 @_fail_cleanly
 def cmd_results(args) -> int:
     from .plots import varying
-    from .store import RESULT_COLUMNS, Store, export
+    from .store import FINISHED, RESULT_COLUMNS, Store, export
 
-    if not Path(args.db).exists():
-        raise UsageError(f"no results store at {args.db} (run `robustbn run FILE --db {args.db}` first)")
-    if args.worst_case and args.status not in (None, "done"):
+    if args.worst_case and args.status not in (None, "done", "diverged"):
         raise UsageError("--worst-case reads finished runs only (leave out --status)")
-    store = Store(args.db)
-    rows = store.rows(_where(args.where), "done" if args.worst_case else args.status)
-    store.close()
+    with Store(args.db, readonly=True) as store:
+        rows = store.rows(_where(args.where), FINISHED if args.worst_case else args.status)
     if args.worst_case:
         return _print_worst_case(rows, args.format)
     if args.format == "table":
@@ -203,12 +224,12 @@ def _print_worst_case(rows: list[dict], fmt: str) -> int:
     """`results --worst-case`: a row per setting, its worst accuracy over attacks (robustbn.worst)."""
     import json
 
-    from .store import export
-    from .worst import shown_columns, strict, worst_case
+    from .store import export, strict_json
+    from .worst import shown_columns, worst_case
 
     table = worst_case(rows)
     if fmt == "json":
-        print(json.dumps(strict(table), indent=1, allow_nan=False))
+        print(json.dumps(strict_json(table), indent=1, allow_nan=False))
     elif fmt == "csv":
         print(export(table, "csv", list(dict.fromkeys(k for t in table for k in t)) or shown_columns([])), end="")
     elif not table:
@@ -243,11 +264,8 @@ def cmd_plot(args) -> int:
     from .plots import plot
     from .store import Store
 
-    if not Path(args.db).exists():
-        raise UsageError(f"no results store at {args.db}")
-    store = Store(args.db)
-    rows = store.rows(_where(args.where))
-    store.close()
+    with Store(args.db, readonly=True) as store:
+        rows = store.rows(_where(args.where))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     try:
         plot(rows, args.kind, args.out, args.title, args.x)
@@ -321,9 +339,8 @@ def cmd_demo(args) -> int:
                  for s in expand(values, "demo")]
     code = _run_and_report((values, scenarios), "demo", args)
     hashes = {scenario_hash(s.to_dict()) for s in scenarios}
-    store = Store(args.db)
-    rows = [r for r in store.rows(status="done") if r["hash"] in hashes]
-    store.close()
+    with Store(args.db, readonly=True) as store:
+        rows = [r for r in store.rows(status="done") if r["hash"] in hashes]
     print()
     print(_table(sorted(rows, key=lambda r: (r["norm"], r["f"], r["bn_agg"])),
                  ["norm", "f", "bn_mean_attack", "bn_var_attack", "bn_agg", "final_acc", "best_acc", "wall_time_s"]))
@@ -341,6 +358,11 @@ def _add_run_options(p, db=DEFAULT_DB):
     p.add_argument("--jobs", type=int, default=1,
                    help="scenarios run at once, in separate processes (default 1; demo: 2 where there are 2 cores)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
+                   help="write each run's checkpoint every K rounds, beside the store (default: every 2 minutes "
+                        "of a run; 0: never); an interrupted run resumes from it")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep the checkpoints of finished runs")
+    p.add_argument("--yes", action="store_true", help=f"run a matrix of more than {BIG_MATRIX} runs")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -425,7 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=DEFAULT_DB)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="filter on a scenario field")
-    p.add_argument("--status", choices=["done", "running", "failed"], default=None)
+    p.add_argument("--status", choices=["done", "diverged", "running", "failed"], default=None,
+                   help="running runs show their rounds_done and history so far")
     p.add_argument("--worst-case", action="store_true",
                    help="per setting, the worst accuracy over attacks (seeds pooled) and the attack achieving it")
     p.set_defaults(run=cmd_results)
@@ -498,6 +521,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return args.run(args)
+    except KeyboardInterrupt:  # a second Ctrl-C, or one outside a run: stop at once, quietly
+        print(f"robustbn {args.command}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `robustbn results | head`: the reader left, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

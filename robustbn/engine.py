@@ -487,6 +487,42 @@ class Federation:
             else:
                 self.local_mean[clients], self.local_var[clients] = run_mean, run_var
 
+    # ---- checkpoints -----------------------------------------------------------------------
+
+    STATE = ("t", "theta", "local", "local_momentum", "momentum_buf", "shared_mean", "shared_var", "local_mean",
+             "local_var", "train_loss_sum", "train_loss_rounds", "kept_history")
+
+    def _components(self) -> dict[str, object]:
+        """What the user may bring, whose state `checkpoint.component_state` finds by walking."""
+        return {"channels": [self.grad_channel, self.mean_channel, self.var_channel],
+                "filter": self.client_filter, "protocol": self.protocol}
+
+    def state_dict(self) -> dict:
+        """Everything a round reads and writes (see checkpoint.py): the weights, momenta,
+        client-local parameters and statistics, shared statistics, the round, the data
+        generator, every generator and tensor the channels, filter and protocol hold, and
+        torch's global generators (dropout draws from them)."""
+        from .checkpoint import component_state, rng_state
+        return {**{k: getattr(self, k, None) for k in self.STATE}, "gen": self.gen.get_state(),
+                "filtered": {i: sorted(c._filtered) for i, c in enumerate(self._components()["channels"])},
+                "components": component_state(self._components()), "rng": rng_state(self.device)}
+
+    def load_state_dict(self, state: dict) -> None:
+        from .checkpoint import load_component_state, set_rng_state
+        to_device = lambda v: v.to(self.device) if isinstance(v, torch.Tensor) else \
+            {k: to_device(x) for k, x in v.items()} if isinstance(v, dict) else \
+            [to_device(x) for x in v] if isinstance(v, list) else v
+        for k in self.STATE:
+            if k in state and (state[k] is not None or hasattr(self, k)):
+                setattr(self, k, to_device(state[k]))
+        self.gen.set_state(state["gen"])
+        channels = self._components()["channels"]
+        for i, sizes in state["filtered"].items():  # pipelines a client filter needed: built again first
+            for m in sizes:
+                channels[int(i)].pipeline_for(m, m + 1)
+        load_component_state(self._components(), state["components"])
+        set_rng_state(state["rng"], self.device)
+
     # ---- evaluation ------------------------------------------------------------------------
 
     def evaluate(self, batch: int = 2000) -> tuple[torch.Tensor, torch.Tensor]:

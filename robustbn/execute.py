@@ -1,34 +1,76 @@
 """Running a matrix of scenarios into the results store: in this process, in local worker
 processes (`--jobs N`), or as Ray tasks (`--executor ray`).
 
-Whatever the executor, the driver (this process) is the only writer of the store: executors
-only yield outcomes, and each outcome is committed as it arrives.
+The driver (this process) claims each run in the store before it starts (several drivers can
+share one store: each run is claimed by one), renews its claims while it lives, and commits
+each outcome as it arrives. Runs write checkpoints beside the store (robustbn.checkpoint) and
+their history so far into their row; a run that is started again resumes from its checkpoint.
+A local worker that dies (killed, out of memory) is replaced and its run retried; workers die
+with their driver; SIGINT and SIGTERM stop every run at its next round end, checkpointed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import sys
+import threading
+import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing import get_context
+from multiprocessing.connection import wait
+from pathlib import Path
 from typing import Callable, Iterator
 
 from tqdm.auto import tqdm
 
 from aggregators.plugins import search_path
 
+from .checkpoint import (Checkpointer, Interrupted, checkpoint_dir, clear_stop, install_stop_handlers, request_stop,
+                         stop_requested)
 from .scenario import Scenario
-from .store import Store, scenario_hash
+from .store import FINISHED, LEASE_S, Store, new_owner, scenario_hash
 
 _DATA_CACHE: dict = {}
 Todo = list[tuple[str, Scenario]]
-Outcomes = Iterator[tuple[str, Scenario, dict]]  # (hash, scenario, {"ok": result} or {"error": text})
+# (hash, scenario, outcome): {"ok": result}, {"error": text}, {"interrupted": signum}, {"taken": True}
+Outcomes = Iterator[tuple[str, Scenario, dict]]
+MAX_ATTEMPTS = 3  # starts of a run whose worker died, before it is marked failed
+MAX_JOBS = 512
 
 
 class ExecutorError(Exception):
     """A user error in choosing or configuring an executor (bad shard, Ray missing, ...)."""
+
+
+@dataclass
+class Checkpointing:
+    """How runs checkpoint: into `directory` (beside the store `db`, whose rows get the history
+    so far), every `every` rounds (None: every few minutes; 0: never); `keep` keeps the
+    checkpoints of finished runs."""
+
+    db: str
+    every: int | None = None
+    keep: bool = False
+    owner: str | None = None
+
+    def for_run(self, run_hash: str) -> Checkpointer | None:
+        if self.every == 0:
+            return None
+        def progress(state):  # the row's history so far; never worth failing the run over
+            try:
+                with Store(self.db) as store:
+                    store.progress(run_hash, state["history"], state["round"], state["resumed_from"], self.owner)
+            except Exception as e:
+                print(f"robustbn: could not record the progress of {run_hash} in {self.db}: {e}", file=sys.stderr)
+        return Checkpointer(checkpoint_dir(self.db) / f"{run_hash}.pt", run_hash, self.every, progress)
+
+    def done_with(self, run_hash: str) -> None:
+        if not self.keep:
+            (checkpoint_dir(self.db) / f"{run_hash}.pt").unlink(missing_ok=True)
 
 
 def _data_for(sc: Scenario):
@@ -41,14 +83,25 @@ def _data_for(sc: Scenario):
     return _DATA_CACHE[key]
 
 
-def run_one(values: dict, progress=None) -> dict:
+def run_one(values: dict, progress=None, checkpoint: Checkpointer | None = None) -> dict:
     """Run one scenario (its dict), returning what the store keeps."""
     from .runner import run
 
     sc = Scenario.from_dict(values)
-    result = run(sc, data=_data_for(sc), progress=progress)
+    result = run(sc, data=_data_for(sc), progress=progress, checkpoint=checkpoint)
     return {"history": result.history, "bn_stats": result.bn_stats, "wall_time_s": result.wall_time_s,
-            "device": result.device}
+            "device": result.device, "resumed_from": result.extra["resumed_from"]}
+
+
+def _attempt(values: dict, run_hash: str, checkpointing: Checkpointing | None, progress=None) -> dict:
+    """One run's outcome: {"ok": ...}, {"interrupted": signum} or {"error": traceback}."""
+    try:
+        checkpoint = checkpointing.for_run(run_hash) if checkpointing else None
+        return {"ok": run_one(values, progress, checkpoint)}
+    except Interrupted as e:
+        return {"interrupted": e.signum}
+    except Exception:
+        return {"error": traceback.format_exc(limit=4)}
 
 
 def _worker_init(threads: int, search: list[str] = ()) -> None:
@@ -61,16 +114,35 @@ def _worker_init(threads: int, search: list[str] = ()) -> None:
     add_search_path(*search)
 
 
-def _run_in_worker(values: dict) -> dict:
-    try:
-        return {"ok": run_one(values)}
-    except Exception:
-        return {"error": traceback.format_exc(limit=4)}
+def _die_with(parent: int) -> None:
+    """End this process as soon as its parent has gone (killed: it could not stop us)."""
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True).start()
 
 
-def _run_as_ray_task(values: dict, threads: int, search: list[str] = ()) -> dict:
+def _worker_main(conn, threads: int, search: list[str], parent: int) -> None:
+    """A local worker: runs the tasks its driver sends until it sends None."""
+    for s in (signal.SIGINT, signal.SIGTERM):  # stop at the next round end, checkpointed
+        signal.signal(s, lambda signum, frame: request_stop(signum))
+    _die_with(parent)
     _worker_init(threads, search)
-    return _run_in_worker(values)
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        conn.send(_attempt(*task))
+
+
+def _run_as_ray_task(values: dict, threads: int, search: list[str], run_hash: str,
+                     checkpointing: Checkpointing | None) -> dict:
+    _worker_init(threads, search)
+    return _attempt(values, run_hash, checkpointing)
 
 
 @dataclass
@@ -79,6 +151,9 @@ class Summary:
     skipped: int = 0
     done: int = 0
     failed: list[tuple[str, str]] = field(default_factory=list)
+    taken: int = 0                  # claimed by another process sharing the store
+    interrupted: int = 0            # stopped by a signal, checkpointed: they resume next time
+    resumed: int = 0
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -109,43 +184,118 @@ def pending(scenarios: list[Scenario], store: Store, device: str | None = None,
         if not in_shard(run_hash, shard):
             continue
         in_this_shard += 1
-        if store.status(run_hash) == "done":
+        if store.status(run_hash) in FINISHED:
             skipped += 1
         else:
             todo.append((run_hash, sc))
     return todo, skipped, in_this_shard
 
 
-def _in_this_process(todo: Todo, started: Callable, progress: bool) -> Outcomes:
+Claim = Callable[[str, Scenario], bool]  # take a run in the store before starting it; False: someone has it
+
+
+def _in_this_process(todo: Todo, claim: Claim, progress: bool, checkpointing: Checkpointing | None) -> Outcomes:
     for run_hash, sc in todo:
-        started(run_hash, sc)
+        if stop_requested():
+            return
+        if not claim(run_hash, sc):
+            yield run_hash, sc, {"taken": True}
+            continue
         with tqdm(total=sc.rounds, desc=f"{sc.norm} {sc.attacks_in_brief()}", unit="round",
                   leave=False, disable=not progress) as run_bar:
-            try:
-                out = {"ok": run_one(sc.to_dict(), progress=lambda t: run_bar.update(1))}
-            except Exception:
-                out = {"error": traceback.format_exc(limit=4)}
+            out = _attempt(sc.to_dict(), run_hash, checkpointing, progress=lambda t: run_bar.update(t - run_bar.n))
         yield run_hash, sc, out
 
 
-def _in_processes(todo: Todo, started: Callable, jobs: int) -> Outcomes:
+@dataclass
+class _Worker:
+    process: object
+    conn: object
+    task: tuple[str, Scenario] | None = None
+
+
+def _in_processes(todo: Todo, claim: Claim, jobs: int, checkpointing: Checkpointing | None,
+                  died: Callable[[str, int | None], bool]) -> Outcomes:
+    """`jobs` spawned worker processes, one run each at a time. A worker that dies is replaced;
+    `died(hash, exitcode)` says whether its run is retried (it resumes from its checkpoint)."""
     threads = max(1, (os.cpu_count() or 1) // jobs)
     ctx = get_context("spawn")  # CUDA and forked processes do not mix
-    queue = iter(todo)
-    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init,
-                             initargs=(threads, search_path())) as pool:
-        futures = {}
-        def submit_next():  # one run per free worker, so the store's `running` rows are the runs in flight
-            item = next(queue, None)
-            if item is not None:
-                started(*item)
-                futures[pool.submit(_run_in_worker, item[1].to_dict())] = item
-        for _ in range(jobs):
-            submit_next()
-        while futures:
-            future = next(as_completed(futures))
-            yield *futures.pop(future), future.result()
-            submit_next()  # after the driver committed the finished run
+
+    def spawn() -> _Worker:
+        ours, theirs = ctx.Pipe()
+        process = ctx.Process(target=_worker_main, args=(theirs, threads, search_path(), os.getpid()), daemon=True)
+        # born ignoring SIGINT (kept across exec): a Ctrl-C while it imports cannot end it with a
+        # traceback; _worker_main then turns SIGINT into a checkpointed stop
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            process.start()
+        finally:
+            signal.signal(signal.SIGINT, old)
+        theirs.close()
+        return _Worker(process, ours)
+
+    queue, workers, forwarded = deque(todo), [], False
+    free = lambda: len(workers) < jobs or any(w.task is None for w in workers)
+    try:
+        while True:
+            while not stop_requested() and queue and free():
+                run_hash, sc = queue.popleft()
+                if not claim(run_hash, sc):
+                    yield run_hash, sc, {"taken": True}
+                    continue
+                worker = next((w for w in workers if w.task is None), None)
+                if worker is None:
+                    worker = spawn()
+                    workers.append(worker)
+                worker.task = (run_hash, sc)
+                worker.conn.send((sc.to_dict(), run_hash, checkpointing))
+            busy = [w for w in workers if w.task is not None]
+            if not busy:
+                return
+            if stop_requested() and not forwarded:  # a terminal's Ctrl-C reached them already; kill(1) did not
+                forwarded = True
+                for w in busy:
+                    try:
+                        os.kill(w.process.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+            ready = set(wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=1.0))
+            for w in busy:
+                if w.conn not in ready and w.process.sentinel not in ready:
+                    continue
+                try:
+                    out = w.conn.recv() if w.conn.poll() else None
+                except (EOFError, OSError):
+                    out = None
+                run_hash, sc = w.task
+                w.task = None
+                if out is None:  # the worker died mid-run
+                    w.process.join()
+                    workers.remove(w)
+                    code = w.process.exitcode
+                    if not stop_requested() and died(run_hash, code):
+                        queue.appendleft((run_hash, sc))
+                        continue
+                    out = {"interrupted": stop_requested()} if stop_requested() else \
+                        {"error": f"its worker process died {MAX_ATTEMPTS} times ({_death(code)})"}
+                yield run_hash, sc, out
+    finally:
+        for w in workers:
+            try:
+                w.conn.send(None)
+            except (OSError, ValueError):
+                pass
+        for w in workers:
+            w.process.join(timeout=10)
+            if w.process.is_alive():
+                w.process.kill()
+
+
+def _death(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        return f"killed by {name}" + (": by the out-of-memory killer or kill -9" if name == "SIGKILL" else "")
+    return f"exit code {exitcode}"
 
 
 @dataclass
@@ -153,10 +303,10 @@ class RayOptions:
     address: str | None = None      # None: connect to the Ray instance this process has, or start a local one
     cpus_per_run: float = 1.0
     gpus_per_run: float = 0.0
-    retries: int = 3                # re-runs of a task whose worker died (crash, kill, lost node)
+    retries: int = 3                # re-runs of a task whose worker died (crash, kill, lost node): they resume
 
 
-def _on_ray(todo: Todo, started: Callable, opts: RayOptions) -> Outcomes:
+def _on_ray(todo: Todo, claim: Claim, opts: RayOptions, checkpointing: Checkpointing | None) -> Outcomes:
     try:
         import ray
     except ImportError:
@@ -169,49 +319,115 @@ def _on_ray(todo: Todo, started: Callable, opts: RayOptions) -> Outcomes:
         ray.init(address=opts.address, include_dashboard=False, log_to_driver=False)
     try:
         # A task's own exceptions come back as {"error": ...} (deterministic: no retry); Ray
-        # retries only tasks whose worker died.
+        # retries only tasks whose worker died, and a retried task resumes from its checkpoint.
         task = ray.remote(_run_as_ray_task).options(
             num_cpus=opts.cpus_per_run, num_gpus=opts.gpus_per_run, max_retries=opts.retries,
             retry_exceptions=False)
         threads = max(1, int(opts.cpus_per_run))
         waiting = {}
         for run_hash, sc in todo:
-            started(run_hash, sc)
-            waiting[task.remote(sc.to_dict(), threads, search_path())] = (run_hash, sc)
+            if not claim(run_hash, sc):
+                yield run_hash, sc, {"taken": True}
+                continue
+            waiting[task.remote(sc.to_dict(), threads, search_path(), run_hash, checkpointing)] = (run_hash, sc)
         while waiting:
-            (ref,), _ = ray.wait(list(waiting), num_returns=1)
-            try:
-                out = ray.get(ref)
-            except Exception as e:  # the worker died more often than `retries`
-                out = {"error": f"{type(e).__name__}: {e}"}
-            yield *waiting.pop(ref), out
+            if stop_requested():  # the tasks keep their last checkpoints
+                for ref, (run_hash, sc) in waiting.items():
+                    ray.cancel(ref, force=True)
+                    yield run_hash, sc, {"interrupted": stop_requested()}
+                return
+            ready, _ = ray.wait(list(waiting), num_returns=1, timeout=1.0)
+            for ref in ready:
+                try:
+                    out = ray.get(ref)
+                except Exception as e:  # the worker died more often than `retries`
+                    out = {"error": f"{type(e).__name__}: {e}"}
+                yield *waiting.pop(ref), out
     finally:
         if owns_connection:
             ray.shutdown()
 
 
+class _Heartbeat:
+    """Renews the driver's claims every LEASE_S / 4 seconds from a thread with its own
+    connection, so that they expire only when the driver is gone."""
+
+    def __init__(self, db: str | Path, owner: str):
+        self.db, self.owner, self.stop = db, owner, threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self):
+        while not self.stop.wait(LEASE_S / 4):
+            try:
+                with Store(self.db) as store:
+                    store.renew(self.owner)
+            except Exception:  # a busy or vanished store: the next beat tries again
+                pass
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
 def run_matrix(scenarios: list[Scenario], store: Store, source: str = "", jobs: int = 1,
                device: str | None = None, progress: bool = True, executor: str = "local",
-               shard: tuple[int, int] | None = None, ray_options: RayOptions | None = None) -> Summary:
-    """Run the scenarios of `shard` (all by default) not yet done in `store`, committing each
+               shard: tuple[int, int] | None = None, ray_options: RayOptions | None = None,
+               checkpoint_every: int | None = None, keep_checkpoints: bool = False) -> Summary:
+    """Run the scenarios of `shard` (all by default) not yet finished in `store`, committing each
     outcome as it arrives. executor "local": in this process (jobs = 1) or in `jobs` spawned
-    processes; "ray": one Ray task per scenario."""
+    processes; "ray": one Ray task per scenario. Runs checkpoint every `checkpoint_every`
+    rounds (None: every few minutes; 0: never) and resume from their checkpoints. On SIGINT or
+    SIGTERM every run stops at its next round end, checkpointed, and Interrupted is raised
+    once the outcomes are in."""
     todo, skipped, total = pending(scenarios, store, device, shard)
     summary = Summary(total=total, skipped=skipped)
-    started = lambda run_hash, sc: store.start(run_hash, sc.to_dict(), source)
+    clear_stop()
+    if not todo:
+        return summary
+    owner = new_owner()
+    # absolute: Ray's workers run elsewhere
+    checkpointing = Checkpointing(str(store.path.resolve()), checkpoint_every, keep_checkpoints, owner)
+    claim = lambda run_hash, sc: store.claim(run_hash, sc.to_dict(), source, owner)
+
+    def died(run_hash, exitcode):  # a local worker died: retried until MAX_ATTEMPTS starts
+        return store.attempt(run_hash) < MAX_ATTEMPTS
+
     if executor == "ray":
-        outcomes = _on_ray(todo, started, ray_options or RayOptions())
+        outcomes = _on_ray(todo, claim, ray_options or RayOptions(), checkpointing)
     elif executor == "local":
-        outcomes = _in_this_process(todo, started, progress) if jobs <= 1 else _in_processes(todo, started, jobs)
+        jobs = min(jobs, len(todo))
+        outcomes = _in_this_process(todo, claim, progress, checkpointing) if jobs <= 1 else \
+            _in_processes(todo, claim, jobs, checkpointing, died)
     else:
         raise ExecutorError(f"executor must be 'local' or 'ray', got {executor!r}")
-    with tqdm(total=len(todo), desc="matrix", unit="run", disable=not progress) as bar:
-        for run_hash, sc, out in outcomes:
-            if "ok" in out:
-                store.finish(run_hash, sc.to_dict(), source=source, **out["ok"])
-                summary.done += 1
-            else:
-                store.fail(run_hash, out["error"])
-                summary.failed.append((run_hash, out["error"].strip().splitlines()[-1]))
-            bar.update(1)
+    restore = install_stop_handlers() if threading.current_thread() is threading.main_thread() else (lambda: None)
+    try:
+        with _Heartbeat(store.path, owner), tqdm(total=len(todo), desc="matrix", unit="run",
+                                                disable=not progress) as bar:
+            for run_hash, sc, out in outcomes:
+                if "ok" in out:
+                    store.finish(run_hash, sc.to_dict(), source=source, **out["ok"])
+                    checkpointing.done_with(run_hash)
+                    summary.done += 1
+                    summary.resumed += out["ok"]["resumed_from"] is not None
+                elif "error" in out:
+                    store.fail(run_hash, out["error"])
+                    summary.failed.append((run_hash, out["error"].strip().splitlines()[-1]))
+                elif "taken" in out:
+                    summary.taken += 1
+                else:
+                    store.release(owner, run_hash)
+                    summary.interrupted += 1
+                bar.update(1)
+    finally:
+        store.release(owner)  # runs not finished here: claimable at once by the next `robustbn run`
+        restore()
+    signum = stop_requested()
+    clear_stop()
+    if signum:
+        raise Interrupted(signum, summary)
     return summary

@@ -20,7 +20,8 @@ from .channels import BN_CHANNEL_KEYS, BN_CHANNELS, NOT_ATTACKS, PARTS, expand_c
 
 KINDS = ("curves", "heterogeneity", "heatmap", "worst-case")
 IGNORED = {"seed", "device", "data_dir"}
-SUMMARY = {"final_acc", "best_acc", "final_loss", "rounds_done", "status", "wall_time_s", "hash", "history", "error"}
+SUMMARY = {"final_acc", "best_acc", "final_loss", "rounds_done", "resumed_from", "status", "wall_time_s", "hash",
+           "history", "error"}
 
 NORM_COLORS = {"naive": "tab:red", "fbn": "tab:blue", "fixbn": "tab:green", "hbn": "tab:purple",
                "fedbn": "tab:brown", "central": "black", "gn": "tab:olive", "none": "tab:gray"}
@@ -340,8 +341,10 @@ def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: s
     """The figure of `kind` for the finished runs among `rows` (not saved; see `plot`)."""
     if kind not in KINDS:
         raise ValueError(f"unknown plot kind {kind!r}; allowed: {', '.join(KINDS)}")
-    # worst-case reads finished runs without a history as diverged (robustbn.worst), as its table does
-    rows = [r for r in rows if r["status"] == "done" and (r["history"] or kind == "worst-case")]
+    # worst-case counts diverged runs (and finished runs without a history) as 0.0 (robustbn.worst),
+    # as its table does; the other plots draw accuracies, which a diverged run has not
+    finished = ("done", "diverged") if kind == "worst-case" else ("done",)
+    rows = [r for r in rows if r["status"] in finished and (r["history"] or kind == "worst-case")]
     if not rows:
         raise ValueError("no finished runs match: nothing to plot (see `robustbn results`)")
     if kind == "worst-case":

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .checkpoint import Checkpointer, Interrupted, stop_requested
 from .data import Dataset, load_dataset, partition, split_root
 from .engine import Federation
 from .scenario import Scenario
@@ -55,29 +56,48 @@ def filter_rates(fed: Federation, f: int) -> dict[str, float]:
 
 
 def run(scenario: Scenario | dict[str, Any], data: Dataset | None = None, progress=None,
-        vectorized: bool | None = None) -> Result:
+        vectorized: bool | None = None, checkpoint: Checkpointer | None = None) -> Result:
     """Run one scenario. `data` reuses an already loaded dataset (same name, on the scenario's
     device); `progress(round)` is called after each round (e.g. a progress bar's update);
-    `vectorized` picks vmap (True) or the per-client loop (False), default by device."""
+    `vectorized` picks vmap (True) or the per-client loop (False), default by device.
+    `checkpoint`: resume from its file when there is one, write it as it says, and on a stop
+    request (SIGINT, SIGTERM: robustbn.checkpoint) write it and raise Interrupted."""
     sc = scenario if isinstance(scenario, Scenario) else Scenario.from_dict(scenario)
     sc.validated()
     start = time.perf_counter()
     data = data or load_dataset(sc.dataset, sc.data_dir, sc.device)
     parts = federation_parts(sc, data.y_train.cpu().numpy())
     fed = Federation(sc, data, parts, vectorized=vectorized)
-    evaluations = []
-    for t in range(1, sc.rounds + 1):
+    evaluations, resumed_from, earlier_s = [], None, 0.0
+    saved = checkpoint.load() if checkpoint is not None else None
+    if saved is not None:
+        fed.load_state_dict(saved["federation"])
+        evaluations, resumed_from, earlier_s = saved["history"], fed.t, saved["wall_time_s"]
+
+    def history():  # device tensors are read here only: no host sync inside the rounds
+        return [{k: v.item() if isinstance(v, torch.Tensor) else v for k, v in h.items()} for h in evaluations]
+
+    def save():
+        nonlocal evaluations
+        evaluations = history()
+        checkpoint.save({"round": fed.t, "federation": fed.state_dict(), "history": evaluations,
+                         "wall_time_s": earlier_s + time.perf_counter() - start, "resumed_from": resumed_from})
+
+    for t in range(fed.t + 1, sc.rounds + 1):
         fed.step()
         if t % sc.eval_every == 0 or t == sc.rounds:
             acc, loss = fed.evaluate()
-            # device tensors: read once, at the end
-            evaluations.append((t, acc, loss, fed.pop_train_loss(), filter_rates(fed, sc.f)))
+            evaluations.append({"round": t, "test_acc": acc, "test_loss": loss, "train_loss": fed.pop_train_loss(),
+                                **filter_rates(fed, sc.f)})
         if progress is not None:
             progress(t)
-    history = [{"round": t, "test_acc": acc.item(), "test_loss": loss.item(), "train_loss": tl.item(), **extra}
-               for t, acc, loss, tl, extra in evaluations]
+        if checkpoint is not None and (checkpoint.due(t, sc.rounds) or stop_requested() and t < sc.rounds):
+            save()
+        if stop_requested() and t < sc.rounds:
+            raise Interrupted(stop_requested())
     local = fed.protocol.local_statistics
     mean, var = (fed.local_mean[0], fed.local_var[0]) if local else (fed.shared_mean, fed.shared_var)
     stats = {name: {"mean": m.tolist(), "var": v.tolist()}
              for name, m, v in zip(fed.layer_names, mean.split(fed.channels_per_layer), var.split(fed.channels_per_layer))}
-    return Result(sc.to_dict(), history, stats, time.perf_counter() - start, str(fed.device))
+    return Result(sc.to_dict(), history(), stats, earlier_s + time.perf_counter() - start, str(fed.device),
+                  {"resumed_from": resumed_from})

@@ -1,8 +1,12 @@
 """The results store: one SQLite file, one row per run keyed by a stable hash of its scenario.
 
-Each run's result is written in one transaction, and a run is marked `running` in its own
-transaction before it starts, so a crash (or kill -9) loses at most the runs in flight:
-their rows stay `running` and are run again next time, while `done` runs are skipped.
+Several processes (and machines sharing a file system) can run one matrix into one store: a
+run is claimed in one transaction by one process, with a lease its owner renews while it lives
+(`claim`, `renew`); a run whose owner died is claimed again once the lease expired, and
+resumes from its last checkpoint (robustbn.checkpoint). A running run's row holds its history
+so far (`progress`); a finished one is `done`, or `diverged` when its final evaluation is not
+finite (its non-finite numbers stored as null), or `failed` with the error. Reading commands
+open the store read-only (`Store(path, readonly=True)`): they never write.
 """
 
 from __future__ import annotations
@@ -12,22 +16,29 @@ import dataclasses
 import hashlib
 import io
 import json
+import math
+import os
 import platform
 import re
+import socket
 import sqlite3
 import sys
 import time
+import urllib.parse
+import uuid
 from contextlib import closing
 from pathlib import Path
 from typing import Any, Iterable
 
 from .channels import BN_CHANNEL_KEYS, expand_channels
 
-SCHEMA = """
+STATUSES = ("running", "done", "diverged", "failed")
+FINISHED = ("done", "diverged")  # never run again
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS runs (
     hash TEXT PRIMARY KEY,
     scenario TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('running', 'done', 'failed')),
+    status TEXT NOT NULL CHECK (status IN ({", ".join(f"'{s}'" for s in STATUSES)})),
     history TEXT,
     bn_stats TEXT,
     error TEXT,
@@ -36,11 +47,19 @@ CREATE TABLE IF NOT EXISTS runs (
     finished REAL,
     wall_time_s REAL,
     device TEXT,
-    versions TEXT
+    versions TEXT,
+    rounds_done INTEGER,
+    resumed_from INTEGER,
+    owner TEXT,
+    lease_until REAL,
+    attempts INTEGER NOT NULL DEFAULT 0
 )
 """
 # the CSV/JSON/table view of a run: scenario fields, then these
-RESULT_COLUMNS = ("final_acc", "best_acc", "final_loss", "rounds_done", "status", "wall_time_s", "device", "hash")
+RESULT_COLUMNS = ("final_acc", "best_acc", "final_loss", "rounds_done", "resumed_from", "status", "wall_time_s",
+                  "device", "hash")
+OPTIONAL_EXPORT_COLUMNS = {"resumed_from"}  # exports written before it existed lack it
+LEASE_S = 120.0  # a claim's lifetime; its owner renews it every LEASE_S / 4 (`execute.Lease`)
 
 
 class StoreError(Exception):
@@ -68,17 +87,114 @@ def versions() -> dict[str, str]:
             "python": platform.python_version()}
 
 
+def new_owner() -> str:
+    """A claim's owner: this host and process, and a random part (pids are reused)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def owner_gone(owner: str | None) -> bool:
+    """Whether a claim's owner is a process of this host that no longer exists (killed): its
+    claim need not wait for the lease to expire. Owners on other hosts: unknown (False)."""
+    host, _, rest = (owner or "").partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # someone else's live process
+        return False
+    return False
+
+
+def finite_history(history: list[dict]) -> tuple[list[dict], bool]:
+    """(the history with non-finite numbers as None, whether its last evaluation had one):
+    a run whose final model evaluates to NaN or inf diverged. Where the test loss is NaN the
+    model's outputs are, and the argmax of NaN outputs is no accuracy: None too."""
+    def clean(h):
+        out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in h.items()}
+        if isinstance(h.get("test_loss"), float) and math.isnan(h["test_loss"]):
+            out["test_acc"] = None
+        return out
+    cleaned = [clean(h) for h in history]
+    return cleaned, bool(history) and cleaned[-1] != history[-1]
+
+
+def _uri(path: Path, mode: str) -> str:
+    """A SQLite URI of `path` taken literally (`%`, `?` and `#` are quoted, not URI syntax)."""
+    return f"file:{urllib.parse.quote(str(path.resolve()))}?mode={mode}"
+
+
+def connect(path: str | Path, readonly: bool = False) -> sqlite3.Connection:
+    """A connection to a results store (created if absent, unless read-only), or StoreError
+    naming the path: an empty path, a directory, a file that is not SQLite, a foreign SQLite
+    file (no runs table, other tables), a store that cannot be written."""
+    if str(path) == "":
+        raise StoreError("--db: an empty path; give a results store file, e.g. results/robustbn.sqlite")
+    path = Path(path)
+    if path.is_dir():
+        raise StoreError(f"{path}: is a directory, not a results store file")
+    if readonly and not path.is_file():
+        raise StoreError(f"{path}: no results store there (run `robustbn run FILE --db {path}` first)")
+    try:
+        if not readonly:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(_uri(path, "ro" if readonly else "rwc"), uri=True, timeout=60)
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except (sqlite3.Error, OSError) as e:
+        raise StoreError(f"{path}: cannot read it as a results store ({e})") from None
+    if "runs" not in tables and (tables or readonly):
+        db.close()
+        raise StoreError(f"{path}: not a robustbn results store (it has no runs table"
+                         + (f"; it has {', '.join(sorted(tables))})" if tables else ")"))
+    return db
+
+
 class Store:
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, timeout=60)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute(SCHEMA)
-        self.db.commit()
+    """A results store. Writable (the default) creates or upgrades the file; `readonly` only
+    reads (reading commands). SQLite errors later on (a truncated file, a full disk) surface as
+    sqlite3.Error; the CLI reports them in one line naming the store."""
+
+    def __init__(self, path: str | Path, readonly: bool = False):
+        self.path, self.readonly = Path(path), readonly
+        self.db = connect(path, readonly)
+        if readonly:
+            return
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            with self.db:
+                self._upgrade()
+        except sqlite3.Error as e:
+            self.db.close()
+            raise StoreError(f"{self.path}: cannot write to it ({e})") from None
+
+    def _upgrade(self) -> None:
+        """Create the runs table, or bring one written by an older robustbn to this schema:
+        new columns added; a status constraint without `diverged` rebuilt (rows kept)."""
+        row = self.db.execute("SELECT sql FROM sqlite_master WHERE name = 'runs'").fetchone()
+        if row is None:
+            self.db.execute(SCHEMA)
+            return
+        if "'diverged'" not in row[0]:
+            columns = ", ".join(c[1] for c in self.db.execute("PRAGMA table_info(runs)"))
+            self.db.execute("ALTER TABLE runs RENAME TO runs_old")
+            self.db.execute(SCHEMA)
+            self.db.execute(f"INSERT INTO runs ({columns}) SELECT {columns} FROM runs_old")
+            self.db.execute("DROP TABLE runs_old")
+        have = {c[1] for c in self.db.execute("PRAGMA table_info(runs)")}
+        for definition in re.findall(r"^ {4}(\w+ [A-Z]+[^,\n]*),?$", SCHEMA, re.M):
+            if definition.split()[0] not in have:
+                self.db.execute(f"ALTER TABLE runs ADD COLUMN {definition}")
 
     def close(self) -> None:
         self.db.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def __len__(self) -> int:
         return self.db.execute("SELECT count(*) FROM runs").fetchone()[0]
@@ -87,45 +203,102 @@ class Store:
         row = self.db.execute("SELECT status FROM runs WHERE hash = ?", (run_hash,)).fetchone()
         return row[0] if row else None
 
-    def start(self, run_hash: str, scenario: dict[str, Any], source: str = "") -> None:
-        with self.db:
+    def claim(self, run_hash: str, scenario: dict[str, Any], source: str = "", owner: str | None = None,
+              lease_s: float = LEASE_S) -> bool:
+        """Take the run for `owner`, atomically: False when it is finished, or running under
+        another owner's unexpired lease. A failed run, an unclaimed one and one whose owner
+        died (its lease expired, or it was a process of this host that is gone) are taken; the
+        row keeps its history so far."""
+        now = time.time()
+        self.db.execute("BEGIN IMMEDIATE")  # the read and the write below: one writer at a time
+        try:
+            row = self.db.execute("SELECT status, owner, lease_until FROM runs WHERE hash = ?", (run_hash,)).fetchone()
+            held = row is not None and row[0] == "running" and row[1] and row[1] != owner
+            if row is not None and (row[0] in FINISHED or held and (row[2] or 0) > now and not owner_gone(row[1])):
+                self.db.rollback()
+                return False
             self.db.execute(
-                "INSERT INTO runs (hash, scenario, status, source, started) VALUES (?, ?, 'running', ?, ?) "
-                "ON CONFLICT(hash) DO UPDATE SET status = 'running', error = NULL, started = excluded.started",
-                (run_hash, json.dumps(scenario, sort_keys=True), source, time.time()))
+                "INSERT INTO runs (hash, scenario, status, source, started, owner, lease_until) "
+                "VALUES (?, ?, 'running', ?, ?, ?, ?) ON CONFLICT(hash) DO UPDATE SET status = 'running', "
+                "error = NULL, started = excluded.started, owner = excluded.owner, lease_until = excluded.lease_until",
+                (run_hash, json.dumps(scenario, sort_keys=True), source, now, owner, now + lease_s))
+            self.db.commit()
+            return True
+        except BaseException:
+            self.db.rollback()
+            raise
+
+    start = claim  # an unowned claim: what single-process code and tests call
+
+    def renew(self, owner: str, lease_s: float = LEASE_S) -> None:
+        """Extend the leases of every run `owner` holds (its heartbeat)."""
+        with self.db:
+            self.db.execute("UPDATE runs SET lease_until = ? WHERE owner = ? AND status = 'running'",
+                            (time.time() + lease_s, owner))
+
+    def release(self, owner: str, run_hash: str | None = None) -> None:
+        """Give up `owner`'s claim on a run (all its runs without `run_hash`), unfinished: the
+        row stays `running` with its history so far, and any process may claim it at once."""
+        with self.db:
+            self.db.execute("UPDATE runs SET owner = NULL, lease_until = NULL WHERE owner = ? AND status = 'running'"
+                            + (" AND hash = ?" if run_hash else ""), (owner, run_hash) if run_hash else (owner,))
+
+    def attempt(self, run_hash: str) -> int:
+        """Count one more start of the run by a worker that then died; returns the count."""
+        with self.db:
+            self.db.execute("UPDATE runs SET attempts = attempts + 1 WHERE hash = ?", (run_hash,))
+        return self.db.execute("SELECT attempts FROM runs WHERE hash = ?", (run_hash,)).fetchone()[0]
+
+    def progress(self, run_hash: str, history: list[dict], rounds_done: int, resumed_from: int | None = None,
+                 owner: str | None = None) -> None:
+        """A running run's history so far (written with each checkpoint), while `owner` holds it."""
+        history, _ = finite_history(history)
+        with self.db:
+            self.db.execute("UPDATE runs SET history = ?, rounds_done = ?, resumed_from = ? "
+                            "WHERE hash = ? AND status = 'running' AND owner IS ?",
+                            (json.dumps(history), rounds_done, resumed_from, run_hash, owner))
 
     def finish(self, run_hash: str, scenario: dict[str, Any], history: list[dict], bn_stats: dict,
-               wall_time_s: float, device: str, source: str = "") -> None:
+               wall_time_s: float, device: str, source: str = "", resumed_from: int | None = None) -> str:
+        """Store a finished run: `done`, or `diverged` when its final evaluation is not finite.
+        Returns the status written."""
+        history, diverged = finite_history(history)
+        status = "diverged" if diverged else "done"
+        error = f"diverged: the evaluation at round {history[-1]['round']} is not finite" if diverged else None
         with self.db:
             self.db.execute(
-                "INSERT INTO runs (hash, scenario, status, history, bn_stats, source, finished, wall_time_s, device, versions) "
-                "VALUES (?, ?, 'done', ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(hash) DO UPDATE SET status = 'done', "
-                "history = excluded.history, bn_stats = excluded.bn_stats, error = NULL, finished = excluded.finished, "
-                "wall_time_s = excluded.wall_time_s, device = excluded.device, versions = excluded.versions",
-                (run_hash, json.dumps(scenario, sort_keys=True), json.dumps(history), json.dumps(bn_stats), source,
-                 time.time(), wall_time_s, device, json.dumps(versions())))
+                "INSERT INTO runs (hash, scenario, status, history, bn_stats, error, source, finished, wall_time_s, "
+                "device, versions, rounds_done, resumed_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(hash) DO UPDATE SET status = excluded.status, history = excluded.history, "
+                "bn_stats = excluded.bn_stats, error = excluded.error, finished = excluded.finished, "
+                "wall_time_s = excluded.wall_time_s, device = excluded.device, versions = excluded.versions, "
+                "rounds_done = excluded.rounds_done, resumed_from = excluded.resumed_from, owner = NULL, "
+                "lease_until = NULL",
+                (run_hash, json.dumps(scenario, sort_keys=True), status, json.dumps(history), json.dumps(bn_stats),
+                 error, source, time.time(), wall_time_s, device, json.dumps(versions()),
+                 history[-1]["round"] if history else 0, resumed_from))
+        return status
 
     def fail(self, run_hash: str, error: str) -> None:
         with self.db:
-            self.db.execute("UPDATE runs SET status = 'failed', error = ?, finished = ? WHERE hash = ?",
-                            (error, time.time(), run_hash))
+            self.db.execute("UPDATE runs SET status = 'failed', error = ?, finished = ?, owner = NULL, "
+                            "lease_until = NULL WHERE hash = ?", (error, time.time(), run_hash))
 
     def merge(self, source: str | Path) -> dict[str, int]:
         """Copy the runs of another store into this one, in one transaction, deduplicating by
         run hash: a run new here is added; a finished run replaces an unfinished one; otherwise
         this store's row stays. Returns counts: added, replaced, kept, and `differing` (runs done
-        in both whose histories differ, e.g. made on different devices; this store's is kept)."""
+        in both whose histories differ, e.g. made on different devices; this store's is kept).
+        The source path is taken literally and only read."""
         source = Path(source)
-        if not source.is_file():
-            raise StoreError(f"merge: no results store at {source}")
         try:
-            with closing(sqlite3.connect(f"file:{source}?mode=ro", uri=True)) as other:
+            with closing(connect(source, readonly=True)) as other:
                 columns = [c[1] for c in other.execute("PRAGMA table_info(runs)")]
                 if "hash" not in columns or "status" not in columns:
-                    raise StoreError(f"merge: {source} is not a robustbn results store (it has no runs table)")
+                    raise StoreError(f"{source}: not a robustbn results store (its runs table has no hash)")
                 incoming = [dict(zip(columns, r)) for r in other.execute(f"SELECT {', '.join(columns)} FROM runs")]
         except sqlite3.DatabaseError as e:
-            raise StoreError(f"merge: cannot read {source} as a results store: {e}") from None
+            raise StoreError(f"{source}: cannot read it as a results store ({e})") from None
         with self.db:
             return self._add(incoming)
 
@@ -136,13 +309,14 @@ class Store:
             return [self._add(rows) for rows in batches]
 
     def _add(self, incoming: Iterable[dict[str, Any]]) -> dict[str, int]:
-        """Insert runs by the dedup rules of `merge`, inside the caller's transaction."""
+        """Insert runs by the dedup rules of `merge`, inside the caller's transaction. Claims do
+        not travel: an incoming unfinished run is unowned here."""
         mine = [c[1] for c in self.db.execute("PRAGMA table_info(runs)")]
         counts = {"added": 0, "replaced": 0, "kept": 0, "differing": 0}
         for row in incoming:
-            row = {k: v for k, v in row.items() if k in mine}
+            row = {k: v for k, v in row.items() if k in mine and k not in ("owner", "lease_until")}
             here = self.db.execute("SELECT status, history FROM runs WHERE hash = ?", (row["hash"],)).fetchone()
-            if here is not None and not (here[0] != "done" and row["status"] == "done"):
+            if here is not None and not (here[0] not in FINISHED and row["status"] in FINISHED):
                 counts["kept"] += 1
                 counts["differing"] += here[0] == row["status"] == "done" and here[1] != row.get("history")
                 continue
@@ -151,31 +325,51 @@ class Store:
                             tuple(row.values()))
         return counts
 
-    def rows(self, where: dict[str, Any] | None = None, status: str | None = None) -> list[dict[str, Any]]:
+    def rows(self, where: dict[str, Any] | None = None, status: str | Iterable[str] | None = None) -> list[dict[str, Any]]:
         """Every run as a flat dict (scenario fields, summary columns, history), filtered by
-        scenario fields (`where`) and status. Every BN channel is spelled out (`expand_channels`),
-        for old runs too."""
+        scenario fields (`where`) and status (one or several). Every BN channel is spelled out
+        (`expand_channels`), for old runs too. A store of an older robustbn lacks some columns:
+        they read as None."""
+        statuses = None if status is None else {status} if isinstance(status, str) else set(status)
+        have = {c[1] for c in self.db.execute("PRAGMA table_info(runs)")}
+        wanted = ("hash", "scenario", "status", "history", "wall_time_s", "device", "error", "rounds_done",
+                  "resumed_from")
+        select = ", ".join(c if c in have else f"NULL AS {c}" for c in wanted)
         out = []
-        for (run_hash, scenario, st, history, wall, device, error) in self.db.execute(
-                "SELECT hash, scenario, status, history, wall_time_s, device, error FROM runs ORDER BY rowid"):
-            sc = dict(sorted(expand_channels(json.loads(scenario)).items()))
-            if status and st != status:
+        for (run_hash, scenario, st, history, wall, device, error, rounds_done, resumed_from) in self.db.execute(
+                f"SELECT {select} FROM runs ORDER BY rowid"):
+            if statuses and st not in statuses:
                 continue
+            sc = dict(sorted(expand_channels(json.loads(scenario)).items()))
             if where and not all(_same(sc.get(k), v) for k, v in where.items()):
                 continue
             hist = json.loads(history) if history else []
-            accs = [h["test_acc"] for h in hist]
-            out.append({**sc, "final_acc": accs[-1] if accs else None, "best_acc": max(accs) if accs else None,
-                        "final_loss": hist[-1]["test_loss"] if hist else None,
-                        "rounds_done": hist[-1]["round"] if hist else 0, "status": st, "wall_time_s": wall,
-                        "device": device, "hash": run_hash, "history": hist, "error": error})
+            accs = [h["test_acc"] for h in hist if h.get("test_acc") is not None]
+            last = hist[-1] if hist else {}
+            out.append({**sc, "final_acc": last.get("test_acc"), "best_acc": max(accs) if accs else None,
+                        "final_loss": last.get("test_loss"),
+                        "rounds_done": rounds_done if rounds_done is not None else last.get("round", 0),
+                        "resumed_from": resumed_from, "status": st, "wall_time_s": wall, "device": device,
+                        "hash": run_hash, "history": hist, "error": error})
         return out
 
 
+def strict_json(value: Any) -> Any:
+    """`value` with non-finite floats as None: what strict JSON parsers accept."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
 def export(rows: Iterable[dict[str, Any]], fmt: str, columns: list[str]) -> str:
+    """Rows as JSON (strict: non-finite numbers as null) or CSV (with `columns`)."""
     rows = list(rows)
     if fmt == "json":
-        return json.dumps(rows, indent=1)
+        return json.dumps(strict_json(rows), indent=1, allow_nan=False)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
@@ -255,7 +449,7 @@ def read_export(path: str | Path) -> list[dict[str, Any]]:
         csv.field_size_limit(limit)
     if not header:
         raise StoreError(f"{path}: not a robustbn CSV export (empty file)")
-    missing = [c for c in (*RESULT_COLUMNS, "history") if c not in header]
+    missing = [c for c in (*RESULT_COLUMNS, "history") if c not in header and c not in OPTIONAL_EXPORT_COLUMNS]
     if missing:
         raise StoreError(f"{path}: not a robustbn CSV export (`robustbn results --format csv`): "
                          f"missing column{'s' * (len(missing) > 1)} {', '.join(missing)}")
@@ -280,8 +474,8 @@ def read_export(path: str | Path) -> list[dict[str, Any]]:
         if not run_hash:
             raise StoreError(f"{where}: no hash")
         where += f" (hash {run_hash})"
-        if status not in ("running", "done", "failed"):
-            raise StoreError(f"{where}: status {status!r} is not one of running, done, failed")
+        if status not in STATUSES:
+            raise StoreError(f"{where}: status {status!r} is not one of {', '.join(STATUSES)}")
         values = {}
         for column in header:
             if column in types:
@@ -298,8 +492,10 @@ def read_export(path: str | Path) -> list[dict[str, Any]]:
             raise StoreError(f"{where}: column history: not a list of evaluations (round, test_acc, test_loss)")
         try:
             wall = float(cells["wall_time_s"]) if cells["wall_time_s"] else None
+            resumed_from = int(cells["resumed_from"]) if cells.get("resumed_from") else None
         except ValueError:
-            raise StoreError(f"{where}: column wall_time_s: expected a number, got {cells['wall_time_s']!r}") from None
+            raise StoreError(f"{where}: columns wall_time_s and resumed_from: expected numbers, got "
+                             f"{cells['wall_time_s']!r} and {cells.get('resumed_from')!r}") from None
         device = cells["device"] or None
         # the device column is the device a run ended on; an unfinished run's is unknown
         devices = [device] if device else ["cpu", "cuda", *(f"cuda:{i}" for i in range(8))]
@@ -314,5 +510,5 @@ def read_export(path: str | Path) -> list[dict[str, Any]]:
                              f"or an export from a robustbn version with other scenario fields")
         runs.append({"hash": run_hash, "scenario": json.dumps(scenario, sort_keys=True), "status": status,
                      "history": json.dumps(history) if history or status == "done" else None,
-                     "source": str(path), "wall_time_s": wall, "device": device})
+                     "source": str(path), "wall_time_s": wall, "device": device, "resumed_from": resumed_from})
     return runs

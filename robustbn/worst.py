@@ -3,9 +3,10 @@ against it, as users choose a defense (and as ByzFL's benchmark heatmaps report 
 
 The definition, exactly (`worst_case`):
 
-- Only finished runs count (status `done`; rows without a status are taken as finished).
-- A run's accuracy is its final test accuracy. A run whose final accuracy is missing or not
-  finite (NaN: a run that diverged) counts as 0.0, and is counted in the `diverged` column.
+- Only finished runs count (status `done` or `diverged`; rows without a status are taken as
+  finished).
+- A run's accuracy is its final test accuracy. A run that diverged (status `diverged`, or a
+  final accuracy missing or not finite) counts as 0.0, and is counted in the `diverged` column.
 - A **setting** is everything but the attack and the seed: the norm protocol, f, the
   pipeline of every channel and its parameters, `agg_f`, `client_filter` (and its
   parameters), gamma, and every other scenario field that takes more than one value among the
@@ -59,6 +60,8 @@ def accuracy(row: dict[str, Any]) -> tuple[float, bool]:
     """(the accuracy the worst case reads, whether the run diverged): a missing or non-finite
     final accuracy is 0.0."""
     acc = row.get("final_acc")
+    if row.get("status") == "diverged":
+        return 0.0, True
     try:
         acc = float(acc)
     except (TypeError, ValueError):
@@ -149,7 +152,7 @@ def worst_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     definition."""
     from .plots import NO_ATTACK, attack_words
 
-    rows = [_filled(r) for r in rows if r.get("status", "done") == "done"]
+    rows = [_filled(r) for r in rows if r.get("status", "done") in ("done", "diverged")]
     keys = setting_keys(rows)
     settings: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
@@ -211,13 +214,3 @@ def shown_columns(table: list[dict[str, Any]]) -> list[str]:
         columns += [k for k in fields if k in DEFENSE_FIELDS]
     return columns + ["worst_acc", "worst_std", "worst_attack", "attacks", "seeds", "diverged", "no_attack_acc"]
 
-
-def strict(v: Any) -> Any:
-    """A value for strict JSON: non-finite floats as None, inside dicts and lists too."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: strict(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [strict(x) for x in v]
-    return v

@@ -133,8 +133,17 @@ def test_ray_executor_gives_the_local_results_bit_for_bit(tmp_path, local_ray, c
     assert histories(tmp_path / "ray.sqlite") == histories(tmp_path / "local.sqlite")
 
 
-def _kill_first_task_worker(killed: list, stop: threading.Event) -> None:
-    """SIGKILL the first Ray worker seen running a robustbn task (Ray titles it ray::<function>)."""
+def _kill_first_task_worker(killed: list, stop: threading.Event, db: Path) -> None:
+    """SIGKILL the first Ray worker seen running a robustbn task (Ray titles it ray::<function>),
+    once a run has checkpointed 30 rounds."""
+    def progressed():
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+                return con.execute("SELECT max(rounds_done) FROM runs WHERE status = 'running'").fetchone()[0] or 0
+        except sqlite3.Error:
+            return 0
+    while not stop.is_set() and progressed() < 30:
+        time.sleep(0.05)
     while not stop.is_set() and not killed:
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
@@ -142,28 +151,29 @@ def _kill_first_task_worker(killed: list, stop: threading.Event) -> None:
             except OSError:
                 continue
             if cmdline.startswith(b"ray::_run_as_ray_task"):
-                time.sleep(1.0)  # mid-run, not at its first instruction
                 os.kill(int(pid), signal.SIGKILL)
                 killed.append(int(pid))
                 return
         time.sleep(0.05)
 
 
-def test_ray_retries_a_killed_task_and_stores_each_run_once(tmp_path, local_ray, one_thread):
+def test_ray_retries_a_killed_task_which_resumes_and_stores_each_run_once(tmp_path, local_ray, one_thread):
     long_runs = TINY.replace("rounds = 6", "rounds = 150").replace("eval_every = 3", "eval_every = 50")
     _, scenarios = load(write(tmp_path, long_runs), ["norm=fbn", "bn_agg=median"])  # 2 runs (seeds)
     killed, stop = [], threading.Event()
-    killer = threading.Thread(target=_kill_first_task_worker, args=(killed, stop))
+    killer = threading.Thread(target=_kill_first_task_worker, args=(killed, stop, tmp_path / "ray.sqlite"))
     killer.start()
     store = Store(tmp_path / "ray.sqlite")
     try:
-        summary = run_matrix(scenarios, store, progress=False, executor="ray", ray_options=RayOptions(retries=2))
+        summary = run_matrix(scenarios, store, progress=False, executor="ray", ray_options=RayOptions(retries=2),
+                             checkpoint_every=10)
     finally:
         stop.set()
         killer.join()
     store.close()
     assert killed, "no Ray task was seen running"
     assert summary.done == 2 and not summary.failed
+    assert summary.resumed >= 1  # the retried task went on from its checkpoint
     with sqlite3.connect(tmp_path / "ray.sqlite") as con:
         assert con.execute("SELECT count(*), count(DISTINCT hash), min(status), max(status) FROM runs").fetchone() \
             == (2, 2, "done", "done")
