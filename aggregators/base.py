@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import torch
 
+from .checks import generator as check_generator
+from .checks import integer
+from .checks import seed as check_seed
+
 
 def sanitize(x: torch.Tensor) -> torch.Tensor:
     """A copy of `x` with NaN and +-inf entries replaced by 0 (never modifies `x`)."""
@@ -30,9 +34,7 @@ def check_messages(x: torch.Tensor, rule: str) -> None:
 
 
 def check_f(f: int, rule: str) -> int:
-    if isinstance(f, bool) or not isinstance(f, int) or f < 0:
-        raise ValueError(f"{rule}: f (number of Byzantine messages) must be an integer >= 0, got {f!r}")
-    return f
+    return integer(rule, "f (number of Byzantine messages)", f, 0)
 
 
 def check_reference(reference, x: torch.Tensor, rule: str) -> torch.Tensor:
@@ -97,6 +99,20 @@ def device_generator(cache: dict, seed: int, device: torch.device) -> torch.Gene
     if device not in cache:
         cache[device] = torch.Generator(device=device).manual_seed(seed)
     return cache[device]
+
+
+class Generated:
+    """Mixin of a rule or attack that draws random numbers: from an explicit generator, or
+    from one per device seeded with `seed` (both checked, named by the class's `name`)."""
+
+    def _init_generator(self, seed: int, generator: torch.Generator | None) -> None:
+        self.seed = check_seed(self.name, seed)
+        self._generator, self._per_device = check_generator(self.name, generator), {}
+
+    def generator_for(self, device: torch.device) -> torch.Generator:
+        if self._generator is not None:
+            return self._generator
+        return device_generator(self._per_device, self.seed, device)
 
 
 class Rule:

@@ -25,14 +25,15 @@ import math
 import torch
 
 from .base import (
+    Generated,
     Rule,
     check_f,
-    device_generator,
     pairwise_sq_distances,
     smallest,
     with_diagonal,
     working_dtype,
 )
+from .checks import integer, real
 from .rules import Meamed, _require
 
 INF = float("inf")
@@ -128,9 +129,7 @@ class _SubsetSearch(Rule):
 
     def __init__(self, f: int, max_subsets: int = 1_000_000):
         self.f = check_f(f, self.name)
-        _require(isinstance(max_subsets, int) and max_subsets >= 1, self.name,
-                 f"max_subsets must be an integer >= 1, got {max_subsets!r}")
-        self.max_subsets = max_subsets
+        self.max_subsets = integer(self.name, "max_subsets", max_subsets, 1)
 
     def rows_out(self, n):
         _require(2 * self.f < n, self.name, f"needs 2f < n, got f={self.f}, n={n}")
@@ -341,7 +340,7 @@ def _dnc_scores(x: torch.Tensor) -> torch.Tensor:
     return torch.where(far, scores.new_tensor(INF), scores)
 
 
-class DnC(Rule):
+class DnC(Rule, Generated):
     """Divide-and-conquer (Shejwalkar and Houmansadr, NDSS 2021, Algorithm 2): `niters` times,
     sample `b` coordinates (all of them when d <= b), center the sampled rows at their mean,
     take the top right singular vector v, score s_i = ((x_i - mu).v)^2 and keep the
@@ -358,11 +357,10 @@ class DnC(Rule):
     def __init__(self, f: int, niters: int = 1, b: int = 10000, c: float = 1.0, seed: int = 0,
                  generator: torch.Generator | None = None):
         self.f = check_f(f, self.name)
-        _require(isinstance(niters, int) and niters >= 1, self.name, f"niters must be an integer >= 1, got {niters!r}")
-        _require(isinstance(b, int) and b >= 1, self.name, f"b (coordinates sampled) must be an integer >= 1, got {b!r}")
-        _require(isinstance(c, (int, float)) and c >= 0, self.name, f"c (filtering fraction) must be >= 0, got {c!r}")
-        self.niters, self.b, self.c, self.seed = niters, b, c, seed
-        self._generator, self._per_device = generator, {}
+        self.niters = integer(self.name, "niters", niters, 1)
+        self.b = integer(self.name, "b (coordinates sampled)", b, 1)
+        self.c = real(self.name, "c (filtering fraction)", c, 0.0)
+        self._init_generator(seed, generator)
 
     def _keep(self, n):
         return n - math.ceil(self.c * self.f)
@@ -376,7 +374,7 @@ class DnC(Rule):
         """The good set (n,) bool."""
         n, d = x.shape
         keep = self._keep(n)
-        g = self._generator or device_generator(self._per_device, self.seed, x.device)
+        g = self.generator_for(x.device)
         good = first = None
         for _ in range(self.niters):
             sub = x

@@ -21,9 +21,10 @@ import math
 import numpy as np
 import torch
 
-from .base import Rule, device_generator, working_dtype
+from .base import Generated, Rule, working_dtype
 from .catalogue import _directions
-from .rules import _median, _require
+from .checks import real
+from .rules import _median
 
 
 def _two_groups(order: np.ndarray, points: np.ndarray | None = None, distances: np.ndarray | None = None) -> np.ndarray:
@@ -97,7 +98,7 @@ def _median_norm(norm: torch.Tensor) -> torch.Tensor:
     return _median(norm[:, None])[0]
 
 
-class SignGuard(Rule):
+class SignGuard(Rule, Generated):
     """SignGuard (Xu, Huang, Song and Lan, ICDCS 2022; Blades' and FLPoison's SignGuard):
 
     1. norm filter: M = the median row norm; S1 = rows with `lower` <= ||g_i|| / M <= `upper`
@@ -122,18 +123,17 @@ class SignGuard(Rule):
 
     def __init__(self, lower: float = 0.1, upper: float = 3.0, fraction: float = 0.1, seed: int = 0,
                  generator: torch.Generator | None = None):
-        _require(0 <= lower <= 1 <= upper, self.name,
-                 f"needs 0 <= lower <= 1 <= upper, got lower={lower!r}, upper={upper!r}")
-        _require(0 < fraction <= 1, self.name, f"fraction (of coordinates) must be in (0, 1], got {fraction!r}")
-        self.lower, self.upper, self.fraction, self.seed = lower, upper, fraction, seed
-        self._generator, self._per_device = generator, {}
+        self.lower = real(self.name, "lower", lower, 0.0, high=1.0)
+        self.upper = real(self.name, "upper", upper, 1.0, finite=False)  # inf: no upper filter
+        self.fraction = real(self.name, "fraction (of coordinates)", fraction, 0.0, low_open=True, high=1.0)
+        self._init_generator(seed, generator)
 
     def columns(self, d: int, device: torch.device) -> torch.Tensor | None:
         """The coordinates the sign statistics use (None: all), drawn from the generator."""
         b = min(d, max(1, math.ceil(self.fraction * d)))
         if b == d:
             return None
-        g = self._generator or device_generator(self._per_device, self.seed, device)
+        g = self.generator_for(device)
         return torch.randperm(d, generator=g, device=g.device)[:b].to(device)
 
     @staticmethod

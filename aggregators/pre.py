@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from .base import Rule, check_f, device_generator, nearest_mean_weights, sq_distances, with_diagonal, working_dtype
+from .base import Generated, Rule, check_f, nearest_mean_weights, sq_distances, with_diagonal, working_dtype
+from .checks import integer, real
 
 
 class NNM(Rule):
@@ -32,7 +33,7 @@ class NNM(Rule):
         return w.to(x.dtype) @ x
 
 
-class Bucketing(Rule):
+class Bucketing(Rule, Generated):
     """Bucketing (Karimireddy et al. 2022): shuffle the rows, average consecutive groups of s
     (the last group may be smaller): ceil(n / s) output rows. The shuffle draws from an
     explicit generator (`generator`, or one per device seeded with `seed`)."""
@@ -42,17 +43,15 @@ class Bucketing(Rule):
     random = True
 
     def __init__(self, s: int = 2, seed: int = 0, generator: torch.Generator | None = None):
-        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
-            raise ValueError(f"{self.name}: bucket size s must be an integer >= 1, got {s!r}")
-        self.s, self.seed = s, seed
-        self._generator, self._per_device = generator, {}
+        self.s = integer(self.name, "s (bucket size)", s, 1)
+        self._init_generator(seed, generator)
 
     def rows_out(self, n):
         return math.ceil(n / self.s)
 
     def apply(self, x):
         n, s = x.shape[0], self.s
-        g = self._generator or device_generator(self._per_device, self.seed, x.device)
+        g = self.generator_for(x.device)
         perm = torch.randperm(n, generator=g, device=g.device).to(x.device)
         bucket = torch.arange(n, device=x.device) // s
         sizes = torch.full((math.ceil(n / s),), float(s), device=x.device, dtype=x.dtype)
@@ -76,9 +75,8 @@ class Clipping(Rule):
     pre = True
 
     def __init__(self, c: float | None = None):
-        if c is not None and not c > 0:
-            raise ValueError(f"{self.name}: c must be > 0 or None (median norm), got {c!r}")
-        self.c = c
+        radius = "c (the clipping radius; None: the median norm)"
+        self.c = None if c is None else real(self.name, radius, c, 0.0, low_open=True)
         # a fixed radius clips n copies of a long row and does not scale; the median norm does neither
         self.identity_on_identical = self.scale_equivariant = c is None
 

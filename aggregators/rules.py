@@ -13,6 +13,7 @@ import functools
 import torch
 
 from .base import Rule, check_f, nearest_mean_weights, pairwise_sq_distances, smallest, sq_distances
+from .checks import integer, real
 
 
 # On the CPU, torch.sort along the client axis is slow: a sorting network of elementwise
@@ -182,7 +183,7 @@ class MultiKrum(Rule):
 
     def __init__(self, f: int, m: int | None = None):
         self.f = check_f(f, self.name)
-        self.m = m
+        self.m = None if m is None else integer(self.name, "m", m, 1)
 
     def _m(self, n):
         return n - self.f if self.m is None else self.m
@@ -210,9 +211,8 @@ class GeometricMedian(Rule):
         return 4 * (1 + f / (n - 2 * f)) ** 2  # Allouah et al. 2023, Table 1
 
     def __init__(self, iters: int = 30, nu: float = 1e-6):
-        _require(isinstance(iters, int) and iters >= 1, self.name, f"iters must be an integer >= 1, got {iters!r}")
-        _require(nu > 0, self.name, f"nu must be > 0, got {nu!r}")
-        self.iters, self.nu = iters, nu
+        self.iters = integer(self.name, "iters", iters, 1)
+        self.nu = real(self.name, "nu", nu, 0.0, low_open=True)
 
     def apply(self, x):
         z = _median(x)
@@ -232,9 +232,8 @@ class CenteredClipping(Rule):
     translation_equivariant = True  # (not scale: tau is a fixed radius)
 
     def __init__(self, tau: float = 1.0, iters: int = 3):
-        _require(tau > 0, self.name, f"tau must be > 0, got {tau!r}")
-        _require(isinstance(iters, int) and iters >= 1, self.name, f"iters must be an integer >= 1, got {iters!r}")
-        self.tau, self.iters = tau, iters
+        self.tau = real(self.name, "tau", tau, 0.0, low_open=True)
+        self.iters = integer(self.name, "iters", iters, 1)
 
     def apply(self, x):
         v = _median(x)
@@ -280,7 +279,7 @@ class MoNNA(Rule):
 
     def __init__(self, f: int, idx: int = 0):
         self.f = check_f(f, self.name)
-        self.idx = idx
+        self.idx = integer(self.name, "idx", idx, 0)
 
     def rows_out(self, n):
         _require(self.f < n, self.name, f"needs f < n, got f={self.f}, n={n}")

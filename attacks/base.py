@@ -7,10 +7,10 @@ honest messages' device and dtype. Randomness comes only from an explicit
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
+
+from aggregators.base import Generated  # noqa: F401 (random attacks: a seed or a generator)
+from aggregators.checks import choice, integer, real  # noqa: F401 (the attacks' parameter checks)
 
 
 class Attack:
@@ -35,7 +35,13 @@ class Attack:
             raise ValueError(f"{self.name}: needs at least one honest message, got shape {tuple(honest.shape)}")
         if f == 0:
             return honest.new_empty((0, honest.shape[1]))
+        self.check(honest.shape[0], f)
         return self.forge(honest, f)
+
+    def check(self, h: int, f: int) -> None:
+        """Raise a ValueError unless the attack can forge f messages from h honest ones: its
+        parameters against the sizes alone (e.g. mimic's target), so that a scenario is
+        refused before it runs."""
 
     def forge(self, honest: torch.Tensor, f: int) -> torch.Tensor:
         raise NotImplementedError
@@ -65,52 +71,14 @@ def working(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-def real(attack: str, param: str, value, low: float | None = None, low_open: bool = False) -> float:
-    """`value` as a finite float, at least `low` (more than `low` with `low_open`); a
-    ValueError naming the attack and the parameter otherwise."""
-    bound = "" if low is None else f" {'>' if low_open else '>='} {low:g}"
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and (
-        low is None or (value > low if low_open else value >= low))
-    if not ok:
-        raise ValueError(f"{attack}: {param} must be a finite number{bound}, got {value!r}")
-    return float(value)
-
-
-def integer(attack: str, param: str, value, low: int, high: int | None = None) -> int:
-    """`value` as an int in [low, high]; a ValueError naming the attack and the parameter otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low or (
-            high is not None and value > high):
-        span = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{attack}: {param} must be an integer {span}, got {value!r}")
-    return int(value)
-
-
-def choice(attack: str, param: str, value, allowed: tuple[str, ...]) -> str:
-    """`value` if it is one of `allowed`; a ValueError naming the attack and the parameter otherwise."""
-    if not isinstance(value, str) or value not in allowed:
-        raise ValueError(f"{attack}: {param} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
-    return value
+def pipeline_of(attack: str, pipeline):
+    """The pipeline an attack aims at: a callable (n, d) -> (d,)."""
+    if not callable(pipeline):
+        raise ValueError(f"{attack}: pipeline must be a callable (n, d) -> (d,), got {pipeline!r}")
+    return pipeline
 
 
 def repeat(row: torch.Tensor, f: int) -> torch.Tensor:
     """f identical Byzantine messages (a fresh tensor: callers may write into it)."""
     return row.unsqueeze(0).repeat(f, 1)
 
-
-class Generated:
-    """Mixin: an explicit generator, or one per device seeded with `seed`."""
-
-    def _init_generator(self, seed: int, generator: torch.Generator | None) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"{self.name}: seed must be an integer, got {seed!r}")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError(f"{self.name}: generator must be a torch.Generator or None, got {generator!r}")
-        self.seed = seed
-        self._generator, self._per_device = generator, {}
-
-    def generator_for(self, device: torch.device) -> torch.Generator:
-        if self._generator is not None:
-            return self._generator
-        if device not in self._per_device:
-            self._per_device[device] = torch.Generator(device=device).manual_seed(self.seed)
-        return self._per_device[device]

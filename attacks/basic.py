@@ -71,11 +71,15 @@ class ALittleIsEnough(Attack):
     name = "alie"
 
     def __init__(self, z: float | None = None):
-        self.z = z
+        self.z = None if z is None else real(self.name, "z", z)
+
+    def check(self, h, f):
+        if self.z is None:
+            alie_z(h + f, f)
 
     def forge(self, honest, f):
         h = honest.shape[0]
-        z = alie_z(h + f, f) if self.z is None else float(self.z)
+        z = alie_z(h + f, f) if self.z is None else self.z
         mean, std = mean_and_std(honest)
         return repeat(mean - z * std, f)
 
@@ -88,7 +92,7 @@ class Gaussian(Attack, Generated):
 
     def __init__(self, sigma: float = 200.0, mean: float = 0.0, seed: int = 0,
                  generator: torch.Generator | None = None):
-        self.sigma, self.mean = float(sigma), float(mean)
+        self.sigma, self.mean = real(self.name, "sigma", sigma, 0.0), real(self.name, "mean", mean)
         self._init_generator(seed, generator)
 
     def forge(self, honest, f):
@@ -112,9 +116,9 @@ class InfAttack(Attack):
     name = "inf"
 
     def __init__(self, sign: int = 1):
-        if sign not in (1, -1):
+        if isinstance(sign, bool) or sign not in (1, -1):
             raise ValueError(f"inf: sign must be 1 or -1, got {sign!r}")
-        self.sign = sign
+        self.sign = int(sign)
 
     def forge(self, honest, f):
         return torch.full((f, honest.shape[1]), self.sign * float("inf"), device=honest.device, dtype=honest.dtype)
@@ -127,11 +131,14 @@ class Mimic(Attack):
     name = "mimic"
 
     def __init__(self, target: int = 0):
-        self.target = target
+        self.target = integer(self.name, "target", target, 0)
+
+    def check(self, h, f):
+        if self.target >= h:
+            raise ValueError(f"{self.name}: target must be the index of an honest message, in [0, h={h}), "
+                             f"got {self.target}")
 
     def forge(self, honest, f):
-        if not 0 <= self.target < honest.shape[0]:
-            raise ValueError(f"mimic: target must be in [0, h={honest.shape[0]}), got {self.target}")
         return repeat(honest[self.target], f)
 
 
@@ -142,7 +149,7 @@ class Scaling(Attack):
     name = "scale"
 
     def __init__(self, factor: float = 1e-6):
-        self.factor = float(factor)
+        self.factor = real(self.name, "factor", factor)
 
     def forge(self, honest, f):
         return repeat(self.factor * honest.mean(0), f)

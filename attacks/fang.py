@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from .base import Attack, Generated, choice, integer, real, repeat, working
+from .base import Attack, Generated, choice, integer, pipeline_of, real, repeat, working
 
 Aggregate = Callable[[torch.Tensor], torch.Tensor]
 RULES = ("auto", "trim", "krum")
@@ -77,9 +77,7 @@ class Fang(Attack, Generated):
 
     def __init__(self, pipeline: Aggregate, rule: str = "auto", b: float = 2.0, halvings: int = 20, seed: int = 0,
                  generator: torch.Generator | None = None):
-        if not callable(pipeline):
-            raise ValueError(f"{self.name}: pipeline must be a callable (n, d) -> (d,), got {pipeline!r}")
-        self.pipeline = pipeline
+        self.pipeline = pipeline_of(self.name, pipeline)
         self.rule = choice(self.name, "rule", rule, RULES)
         self.b = real(self.name, "b", b, 1.0)
         self.halvings = integer(self.name, "halvings", halvings, 0, 64)

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from .base import Attack, mean_and_std, repeat
+from .base import Attack, integer, mean_and_std, pipeline_of, real, repeat
 from .basic import alie_z
 
 Aggregate = Callable[[torch.Tensor], torch.Tensor]
@@ -21,12 +21,11 @@ class _LineSearch(Attack):
     needs_pipeline = True
 
     def __init__(self, pipeline: Aggregate, low: float, high: float, steps: int):
-        if not callable(pipeline):
-            raise ValueError(f"{self.name}: pipeline must be a callable (n, d) -> (d,), got {pipeline!r}")
-        if not (isinstance(steps, int) and steps >= 2 and high > low):
-            raise ValueError(f"{self.name}: needs an integer steps >= 2 and high > low, "
-                             f"got low={low}, high={high}, steps={steps}")
-        self.pipeline, self.low, self.high, self.steps = pipeline, float(low), float(high), steps
+        low, high = real(self.name, "low", low), real(self.name, "high", high)
+        self.steps = integer(self.name, "steps", steps, 2)
+        if not high > low:
+            raise ValueError(f"{self.name}: needs high > low, got low={low}, high={high}")
+        self.pipeline, self.low, self.high = pipeline_of(self.name, pipeline), low, high
 
     def direction(self, honest: torch.Tensor, f: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(base, dir): the Byzantine message for factor t is base + t * dir."""

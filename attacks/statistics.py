@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .base import Attack, mean_and_std, repeat
+from .base import Attack, integer, mean_and_std, pipeline_of, real, repeat
 
 Objective = Callable[[torch.Tensor], torch.Tensor]  # (G, n, d) candidate message sets -> (G,) damage
 
@@ -54,16 +54,10 @@ class StatisticsSearch(Attack):
 
     def __init__(self, pipeline: Callable[[torch.Tensor], torch.Tensor], z_max: float = 10.0, z_steps: int = 21,
                  scale_exp: float = 6.0, scale_steps: int = 13):
-        if not callable(pipeline):
-            raise ValueError(f"{self.name}: pipeline must be a callable (n, d) -> (d,), got {pipeline!r}")
-        for key, value, low in (("z_steps", z_steps, 1), ("scale_steps", scale_steps, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{self.name}: {key} must be an integer >= {low}, got {value!r}")
-        for key, value in (("z_max", z_max), ("scale_exp", scale_exp)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-                raise ValueError(f"{self.name}: {key} must be a finite number >= 0, got {value!r}")
-        self.pipeline, self.z_max, self.z_steps = pipeline, float(z_max), z_steps
-        self.scale_exp, self.scale_steps = float(scale_exp), scale_steps
+        self.pipeline = pipeline_of(self.name, pipeline)
+        self.z_max, self.z_steps = real(self.name, "z_max", z_max, 0.0), integer(self.name, "z_steps", z_steps, 1)
+        self.scale_exp = real(self.name, "scale_exp", scale_exp, 0.0)
+        self.scale_steps = integer(self.name, "scale_steps", scale_steps, 1)
 
     def candidates(self, honest: torch.Tensor) -> torch.Tensor:
         """(G, d): every candidate Byzantine message."""

@@ -64,10 +64,14 @@ def _standardize(x_uint8: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def _candidate_dirs(data_dir: str | os.PathLike | None) -> list[Path]:
-    dirs = [Path(data_dir)] if data_dir else []
-    if os.environ.get("ROBUSTBN_DATA"):
-        dirs.append(Path(os.environ["ROBUSTBN_DATA"]))
-    return dirs
+    """The directories a dataset is read from (or downloaded into, the first): a given
+    `data_dir` alone, which must exist; else $ROBUSTBN_DATA if set. A given directory is never
+    replaced by a default location: that would run on other data than the one asked for."""
+    if data_dir is None:
+        return [Path(os.environ["ROBUSTBN_DATA"])] if os.environ.get("ROBUSTBN_DATA") else []
+    if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir) or not Path(data_dir).is_dir():
+        raise DataError(f"data_dir: no such directory: {data_dir!r} (leave data_dir out for the default locations)")
+    return [Path(data_dir)]
 
 
 def _mnist_like_root(folder: str, search: list[Path]) -> Path | None:
@@ -106,13 +110,15 @@ def _load_torchvision(name: str, data_dir) -> tuple[torch.Tensor, ...]:
 
     cls = {"fashion-mnist": torchvision.datasets.FashionMNIST, "mnist": torchvision.datasets.MNIST,
            "cifar10": torchvision.datasets.CIFAR10}[name]
-    search = _candidate_dirs(data_dir) + ([DEBIAN_FASHION_MNIST] if name == "fashion-mnist" else [])
+    chosen = _candidate_dirs(data_dir)
+    # Debian's copy is a default location: read only when no data_dir is given
+    search = chosen + ([DEBIAN_FASHION_MNIST] if name == "fashion-mnist" and data_dir is None else [])
     if name == "cifar10":
         root = next((d for d in search if (d / "cifar-10-batches-py").is_dir()), None)
     else:
         root = _mnist_like_root(cls.__name__, search)
     if root is None:
-        root = search[0] if search else cache_dir() / "torchvision"
+        root = chosen[0] if chosen else cache_dir() / "torchvision"
         try:
             train, test = cls(root, train=True, download=True), cls(root, train=False, download=True)
         except Exception as e:  # offline, or a broken file
@@ -149,25 +155,40 @@ def synthetic_images(n_train: int = 2000, n_test: int = 500, num_classes: int = 
 
 
 DATASETS: dict[str, Callable] = {}
+TRAIN_SIZES: dict[str, int] = {}  # training examples of a registered dataset, where known
 
 
-def register_dataset(name: str):
+def register_dataset(name: str, train_size: int | None = None):
     """Decorator: register `load(data_dir) -> Dataset` (tensors anywhere; standardized images
-    (N, C, H, W) float, labels int64) under `name`, a valid `dataset` from then on."""
+    (N, C, H, W) float, labels int64) under `name`, a valid `dataset` from then on. With
+    `train_size` (its training examples), scenarios that cannot give every client data are
+    refused before loading it."""
     if not isinstance(name, str) or not name or ":" in name:
         raise ValueError(f"register_dataset: the name must be a non-empty string without ':', got {name!r}")
+    if train_size is not None and (isinstance(train_size, bool) or not isinstance(train_size, int) or train_size < 1):
+        raise ValueError(f"register_dataset: train_size must be an integer >= 1 or None, got {train_size!r}")
     def add(load):
         if not callable(load):
             raise TypeError(f"register_dataset: {load!r} is not callable")
         DATASETS[name] = load
+        TRAIN_SIZES.pop(name, None)
+        if train_size is not None:
+            TRAIN_SIZES[name] = train_size
         return load
     return add
 
 
-for _name in STATS:
-    register_dataset(_name)(lambda data_dir, _name=_name: Dataset(_name, *_load_torchvision(_name, data_dir),
-                                                                  num_classes=10))
-register_dataset("synthetic-images")(lambda data_dir: Dataset("synthetic-images", *synthetic_images(), num_classes=10))
+for _name, _size in (("fashion-mnist", 60000), ("mnist", 60000), ("cifar10", 50000)):
+    register_dataset(_name, _size)(lambda data_dir, _name=_name: Dataset(_name, *_load_torchvision(_name, data_dir),
+                                                                         num_classes=10))
+register_dataset("synthetic-images", 2000)(
+    lambda data_dir: Dataset("synthetic-images", *synthetic_images(), num_classes=10))
+
+
+def train_size(name: str) -> int | None:
+    """The number of training examples of dataset `name` without loading it; None where
+    unknown (a `module:Name` dataset, one registered without a size)."""
+    return TRAIN_SIZES.get(name) if isinstance(name, str) else None
 
 
 def dataset_loader(name: str) -> Callable:

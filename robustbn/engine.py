@@ -65,7 +65,7 @@ class Channel:
         self.agg_f = f if agg_f is None else agg_f
         # a step or attack that draws random numbers gets this channel's seed unless its
         # parameters set one; an attack that needs the pipeline it attacks gets it
-        self.pipeline = aggregators.build(spec, f=self.agg_f, seed=seed, **agg_params)
+        self.pipeline = aggregators.build(spec, f=self.agg_f, **{"seed": seed, **agg_params})
         # channels with equal keys have interchangeable pipelines (unless they draw random numbers)
         self.key = (spec, repr(sorted(agg_params.items())), self.agg_f)
         # an attack that evaluates the pipeline it attacks sees what the server will run: with
@@ -73,7 +73,7 @@ class Channel:
         self.reference: torch.Tensor | None = None
         attacked = self.pipeline if not self.pipeline.needs_reference else \
             (lambda x: self.pipeline(x, reference=self.reference))
-        self.attack = attacks.build(attack, seed=seed, pipeline=attacked, **attack_params)
+        self.attack = attacks.build(attack, pipeline=attacked, **{"seed": seed, **attack_params})
         self.f = f
         # the Byzantine messages are computed by the engine from the Byzantine clients' own data
         self.holds_data = bool(getattr(self.attack, "holds_data", False))
@@ -102,7 +102,8 @@ class Channel:
         if m not in self._filtered:
             for f in range(self.agg_f, -1, -1):
                 try:
-                    self._filtered[m] = aggregators.build(self.spec, f=f, n=m, seed=self.seed, **self.agg_params)
+                    params = {"seed": self.seed, **self.agg_params}
+                    self._filtered[m] = aggregators.build(self.spec, f=f, n=m, **params)
                     break
                 except ValueError:
                     continue

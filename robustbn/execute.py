@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from multiprocessing.connection import wait
@@ -247,8 +247,17 @@ def _in_processes(todo: Todo, claim: Claim, jobs: int, checkpointing: Checkpoint
                 if worker is None:
                     worker = spawn()
                     workers.append(worker)
-                worker.task = (run_hash, sc)
-                worker.conn.send((sc.to_dict(), run_hash, checkpointing))
+                try:
+                    worker.conn.send((sc.to_dict(), run_hash, checkpointing))
+                    worker.task = (run_hash, sc)
+                except OSError:  # it died while idle or starting: as a death in the run
+                    workers.remove(worker)
+                    worker.process.join()
+                    if died(run_hash, worker.process.exitcode):
+                        queue.appendleft((run_hash, sc))
+                    else:
+                        yield run_hash, sc, {"error": f"its worker process died {MAX_ATTEMPTS} times "
+                                                      f"({_death(worker.process.exitcode)})"}
             busy = [w for w in workers if w.task is not None]
             if not busy:
                 return
@@ -393,8 +402,11 @@ def run_matrix(scenarios: list[Scenario], store: Store, source: str = "", jobs: 
     checkpointing = Checkpointing(str(store.path.resolve()), checkpoint_every, keep_checkpoints, owner)
     claim = lambda run_hash, sc: store.claim(run_hash, sc.to_dict(), source, owner)
 
+    deaths = Counter()
+
     def died(run_hash, exitcode):  # a local worker died: retried until MAX_ATTEMPTS starts
-        return store.attempt(run_hash) < MAX_ATTEMPTS
+        deaths[run_hash] += 1
+        return deaths[run_hash] < MAX_ATTEMPTS
 
     if executor == "ray":
         outcomes = _on_ray(todo, claim, ray_options or RayOptions(), checkpointing)

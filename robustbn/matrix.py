@@ -121,9 +121,15 @@ def load(path: str | Path, overrides: list[str] = ()) -> tuple[dict[str, Any], l
     """(the file's values with overrides applied, its expanded scenarios)."""
     path = Path(path)
     try:
-        values = tomllib.loads(path.read_text())
+        values = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise MatrixError(f"{path}: no such scenario file") from None
+    except IsADirectoryError:
+        raise MatrixError(f"{path}: a directory, not a scenario file (a TOML file)") from None
+    except UnicodeDecodeError as e:
+        raise MatrixError(f"{path}: not a text file (a TOML file is UTF-8; byte {e.start} is not)") from None
+    except OSError as e:
+        raise MatrixError(f"{path}: cannot read it ({e.strerror or e})") from None
     except tomllib.TOMLDecodeError as e:
         raise MatrixError(f"{path}: not valid TOML: {e}") from None
     for text in overrides:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -147,3 +150,30 @@ def model_class(name: str) -> type[nn.Module]:
 def build_model(name: str, norm, in_channels: int, image_size: int, num_classes: int,
                 gn_groups: int = 2, dropout: float = 0.25) -> nn.Module:
     return model_class(name)(norm, in_channels, image_size, num_classes, gn_groups=gn_groups, dropout=dropout)
+
+
+def norm_widths(name: str, in_channels: int = 3, image_size: int = 32, num_classes: int = 10) -> tuple[int, ...] | None:
+    """The channels of model `name`'s normalization layers (distinct, ascending), read without
+    building a layer: the model is made on the meta device (no memory) with a protocol that
+    records each width. None when it cannot be made for these input sizes (a user's model may
+    need others: its layers are then checked when the run builds it)."""
+    return _norm_widths(model_class(name), in_channels, image_size, num_classes)
+
+
+@functools.lru_cache(maxsize=64)  # per class: scenario files validate the same model hundreds of times
+def _norm_widths(cls: type[nn.Module], in_channels: int, image_size: int, num_classes: int) -> tuple[int, ...] | None:
+    from .protocols.base import Protocol
+
+    widths = set()
+
+    class Recorder(Protocol):
+        def norm_layer(self, channels, gn_groups=2):
+            widths.add(channels)
+            return nn.Identity()
+
+    try:
+        with torch.device("meta"):
+            cls(Recorder(), in_channels, image_size, num_classes, gn_groups=2, dropout=0.0)
+    except Exception:  # noqa: BLE001 (any failure of a user's model means: unknown here)
+        return None
+    return tuple(sorted(widths))

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
+import os
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import torch
 
 import aggregators
 import attacks
+from aggregators.checks import as_float, is_integer
 
 from .channels import BN_CHANNEL_KEYS, BN_CHANNELS, CHANNELS, PARTS
-from .data import PARTITIONS, dataset_loader
-from .models import model_class
+from .data import PARTITIONS, dataset_loader, train_size
+from .models import model_class, norm_widths
 from .protocols import get as get_protocol
 
 ALGORITHMS = ("dsgd", "fedavg")
@@ -19,6 +27,23 @@ ALGORITHMS = ("dsgd", "fedavg")
 # the run hash it had before they existed (stores hold hours of finished runs).
 UNUSED_WHEN_NONE = (*BN_CHANNEL_KEYS, "agg_f", "root_size", "client_filter", "client_filter_params")
 FLTRUST_ROOT_SIZE = 100  # Cao et al. 2021: a root set of 100 examples
+INF = float("inf")
+# room for the seeds derived from a scenario's (seed + k) within a signed 64-bit integer, which
+# torch's and numpy's generators and SQLite all take
+MAX_SEED = 2**63 - 1 - 1024
+# Each field on its own. Integer fields: (low[, high]); they take integers only (n = 10.0 is
+# refused, not rounded). Float fields: (low, high[, low_open[, high_open]]); an integer there is
+# taken as the float it equals (lr = 1 and lr = 1.0 are one run, with one hash).
+INTEGERS = {"shards": (1,), "gn_groups": (1,), "n": (1,), "f": (0,), "rounds": (1,), "batch_size": (1,),
+            "local_steps": (1,), "eval_every": (1,),
+            "seed": (0, MAX_SEED, "2**63 - 1025: the seeds derived from it, seed + k, stay 64-bit integers")}
+NUMBERS = {"gamma": (0, 1), "alpha": (0, INF, True, True), "dropout": (0, 1, False, True),
+           "bn_momentum": (0, 1, True), "hbn_lambda": (0, 1, True), "lr": (0, INF, True, True),
+           "momentum": (0, 1, False, True), "weight_decay": (0, INF, False, True), "participation": (0, 1, True)}
+# how the other fields' annotated types read in messages
+TYPE_WORDS = {"str": "a name (a string)", "int": "an integer", "bool": "true, false", "dict": "a table of parameters",
+              "list": "a list", "None": "absent"}
+TYPES = {"str": str, "int": int, "bool": bool, "dict": dict, "list": list, "None": type(None)}
 
 
 class ScenarioError(ValueError):
@@ -27,6 +52,104 @@ class ScenarioError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+def type_names(annotation) -> set[str]:
+    """The type names of an annotation, written or evaluated: {"str", "None"} for `str | None`."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", None) or repr(annotation)
+    return set(re.findall(r"[A-Za-z_]+", text))
+
+
+def _integer(name: str, v, low: int, high: int | None = None, why: str = "") -> int:
+    if not is_integer(v) or v < low or (high is not None and v > high):
+        bound = f">= {low}" + (f" and <= {high}" if high is not None else "") + (f" ({why})" if why else "")
+        raise ScenarioError(name, f"must be an integer {bound}, got {v!r}")
+    return v
+
+
+def _number(name: str, v, low: float, high: float, low_open: bool = False, high_open: bool = False) -> float:
+    x = as_float(v)
+    if not ((x > low if low_open else x >= low) and (x < high if high_open else x <= high)):  # NaN fails both
+        raise ScenarioError(name, f"must be a number in {'(' if low_open else '['}{low}, {high}"
+                                  f"{')' if high_open else ']'}, got {v!r}")
+    return x
+
+
+def _choice(name: str, v, allowed) -> None:
+    if v not in allowed:
+        raise ScenarioError(name, f"{v!r} is not allowed; allowed: {', '.join(allowed)}")
+
+
+def _typed(name: str, v, annotation) -> None:
+    """`v` of one of the annotated types (a bool is no integer)."""
+    names = [t for t in TYPES if t in type_names(annotation)]
+    if names and not any(is_integer(v) if t == "int" else isinstance(v, TYPES[t]) for t in names):
+        words = [TYPE_WORDS[t] for t in names]
+        either = words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+        raise ScenarioError(name, f"must be {either}, got {v!r}")
+
+
+def _device(v) -> str:
+    if not isinstance(v, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", v):
+        raise ScenarioError("device", f"allowed: 'cpu', 'cuda', 'cuda:N'; got {v!r}")
+    if v != "cpu":
+        if not torch.cuda.is_available():
+            raise ScenarioError("device", "CUDA is not available on this machine; use device = 'cpu'")
+        count, index = torch.cuda.device_count(), int(v.partition(":")[2] or 0)
+        if index >= count:
+            raise ScenarioError("device", f"{v!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return v
+
+
+def _data_dir(v) -> str | None:
+    """An existing directory, as a string; None: the default locations (robustbn.data). A
+    directory that is not there is an error, never a fall back on other data."""
+    if v is None:
+        return None
+    if not isinstance(v, (str, os.PathLike)) or not str(v):
+        raise ScenarioError("data_dir", f"must be a path (a string) or absent, got {v!r}")
+    if not Path(v).is_dir():
+        raise ScenarioError("data_dir", f"no such directory: {str(v)!r} (leave data_dir out for the default locations)")
+    return str(v)
+
+
+def _milestones(v) -> list:
+    """[[round, lr], ...]: rounds integers >= 1, rates finite numbers > 0, taken as floats."""
+    def pair(m):
+        return isinstance(m, (list, tuple)) and len(m) == 2 and is_integer(m[0]) and m[0] >= 1 \
+            and 0 < as_float(m[1]) < INF
+    if not isinstance(v, (list, tuple)) or not all(pair(m) for m in v):
+        raise ScenarioError("lr_milestones", f"must be a list of [round, lr] pairs (round an integer >= 1, lr a "
+                                             f"finite number > 0), got {v!r}")
+    return [[start, as_float(lr)] for start, lr in v]
+
+
+# fields of a form of their own: checked, and returned in canonical form
+FORMS = {"device": _device, "data_dir": _data_dir, "lr_milestones": _milestones}
+
+
+def _as_declared(params: dict, classes) -> dict:
+    """`params` with each integer given for a parameter that every class taking it declares a
+    float (`eps = 1` and `eps = 1.0` are one run), read from the constructors' annotations; the
+    rest as given."""
+    def declared_float(key):
+        annotations = [p.annotation for cls in classes
+                       for k, p in inspect.signature(cls.__init__).parameters.items() if k == key]
+        return bool(annotations) and all(type_names(a) - {"None"} == {"float"} for a in annotations)
+    return {k: as_float(v) if is_integer(v) and declared_float(k) else v for k, v in params.items()}
+
+
+@functools.lru_cache(maxsize=256)  # scenario files validate the same few hundreds of times
+def _norm_layers_build(protocol: type, widths: tuple[int, ...], gn_groups: int) -> bool:
+    """Whether `protocol` makes normalization layers of these widths with gn_groups (on the
+    meta device: no memory)."""
+    try:
+        with torch.device("meta"):
+            for width in widths:
+                protocol().norm_layer(width, gn_groups)
+    except (ValueError, RuntimeError):
+        return False
+    return True
 
 
 @dataclass
@@ -167,75 +290,26 @@ class Scenario:
         return lr
 
     def validated(self) -> "Scenario":
-        def choice(name, allowed):
-            if getattr(self, name) not in allowed:
-                raise ScenarioError(name, f"{getattr(self, name)!r} is not allowed; allowed: {', '.join(allowed)}")
-
-        def integer(name, low, high=None):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low or (high is not None and v > high):
-                bound = f">= {low}" + (f" and <= {high}" if high is not None else "")
-                raise ScenarioError(name, f"must be an integer {bound}, got {v!r}")
-
-        def number(name, low, high, low_open=False, high_open=False):
-            v = getattr(self, name)
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-            ok = ok and (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
-            if not ok:
-                raise ScenarioError(name, f"must be a number in {'(' if low_open else '['}{low}, {high}"
-                                          f"{')' if high_open else ']'}, got {v!r}")
-
-        def resolved(name, find):  # a registered name or a `module:Name` reference
-            try:
-                return find(getattr(self, name))
-            except (ValueError, TypeError) as e:
-                raise ScenarioError(name, str(e)) from None
-
-        resolved("dataset", dataset_loader)
-        choice("partition", PARTITIONS)
-        resolved("model", model_class)
-        protocol = resolved("norm", get_protocol)
-        choice("algorithm", ALGORITHMS)
-        number("gamma", 0, 1)
-        number("alpha", 0, float("inf"), low_open=True, high_open=True)
-        number("dropout", 0, 1, high_open=True)
-        number("bn_momentum", 0, 1, low_open=True)
-        number("hbn_lambda", 0, 1, low_open=True)
-        integer("gn_groups", 1)
-        integer("shards", 1)
-        if self.augment not in (None, True, False):
-            raise ScenarioError("augment", f"must be true, false or absent (on for cifar10 only), got {self.augment!r}")
-        integer("n", 1)
-        integer("f", 0)
-        integer("rounds", 1)
-        integer("batch_size", 2 if protocol.uses_bn else 1)  # batch statistics need two values
-        integer("local_steps", 1)
-        integer("eval_every", 1)
-        integer("seed", 0)
-        number("lr", 0, float("inf"), low_open=True, high_open=True)
-        number("momentum", 0, 1, high_open=True)
-        number("weight_decay", 0, float("inf"), high_open=True)
-        number("participation", 0, 1, low_open=True)
+        """The scenario, checked and put in canonical form, in place: each field on its own
+        first (its type and range; numbers of float fields become floats), then the fields
+        together. Anything wrong raises a ScenarioError naming the field and what is allowed."""
+        self._check_fields()
+        self._resolved("dataset", dataset_loader)
+        _choice("partition", self.partition, PARTITIONS)
+        self._resolved("model", model_class)
+        protocol = self._resolved("norm", get_protocol)
+        _choice("algorithm", self.algorithm, ALGORITHMS)
+        _integer("batch_size", self.batch_size, 2 if protocol.uses_bn else 1)  # batch statistics need two values
         if self.fixbn_switch is not None:
-            integer("fixbn_switch", 0, self.rounds)
-        if not isinstance(self.lr_milestones, list) or not all(
-                isinstance(m, (list, tuple)) and len(m) == 2 and isinstance(m[0], int) and m[1] > 0
-                for m in self.lr_milestones):
-            raise ScenarioError("lr_milestones", f"must be a list of [round, lr] pairs with lr > 0, got {self.lr_milestones!r}")
+            _integer("fixbn_switch", self.fixbn_switch, 0, self.rounds)
         if self.f >= self.n:
             raise ScenarioError("f", f"must be < n = {self.n} (at least one honest client), got {self.f}")
         if self.algorithm == "dsgd" and self.local_steps != 1:
             raise ScenarioError("local_steps", "DSGD takes one step per round; use algorithm = 'fedavg' for local steps")
         if self.algorithm == "dsgd" and self.participation != 1.0:
             raise ScenarioError("participation", "partial participation is for algorithm = 'fedavg'")
-        if self.device != "cpu" and not self.device.startswith("cuda"):
-            raise ScenarioError("device", f"allowed: 'cpu', 'cuda', 'cuda:N'; got {self.device!r}")
-        if self.device.startswith("cuda"):
-            import torch
-            if not torch.cuda.is_available():
-                raise ScenarioError("device", "CUDA is not available on this machine; use device = 'cpu'")
         if self.agg_f is not None:
-            integer("agg_f", 0, self.n - 1)
+            _integer("agg_f", self.agg_f, 0, self.n - 1)
         if not protocol.sends_statistics:  # nothing is sent there: behaving honestly is sending nothing
             for key in ("bn_attack", "bn_mean_attack", "bn_var_attack"):
                 if getattr(self, key) == "honest":
@@ -244,8 +318,32 @@ class Scenario:
         for channel in CHANNELS:
             self._validate_channel(channel)
         self._validate_server_side(protocol)
+        self._check_data_size()
+        self._check_norm_layers(protocol)
         protocol.check(self)
         return self
+
+    def _resolved(self, name: str, find):
+        """`find` of field `name`: a registered name or a `module:Name` reference."""
+        try:
+            return find(getattr(self, name))
+        except (ValueError, TypeError) as e:
+            raise ScenarioError(name, str(e)) from None
+
+    def _check_fields(self) -> None:
+        """Each field on its own, so that no later check meets a value of the wrong type: the
+        numbers' ranges (`INTEGERS`, `NUMBERS`), a few fields' own forms (`FORMS`), the
+        others' types as annotated."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in INTEGERS:
+                _integer(f.name, value, *INTEGERS[f.name])
+            elif f.name in NUMBERS:
+                setattr(self, f.name, _number(f.name, value, *NUMBERS[f.name]))
+            elif f.name in FORMS:
+                setattr(self, f.name, FORMS[f.name](value))
+            else:
+                _typed(f.name, value, f.type)
 
     @property
     def byzantine_hold_data(self) -> bool:
@@ -257,6 +355,79 @@ class Scenario:
         """Whether the channel's pipeline needs the server's reference message (FLTrust)."""
         _, _, spec, params = self.channel(channel)
         return bool(getattr(aggregators.build(spec, f=self.pipeline_f, **params), "needs_reference", False))
+
+    @property
+    def honest_per_round(self) -> int:
+        """The honest messages of a channel each round: every honest client's, or under partial
+        participation (FedAvg) those of the clients taking part."""
+        return max(1, round(self.participation * self.honest))
+
+    def _declared(self, channel: str, part: str, classes) -> dict:
+        """The `part` parameters of `channel` with integers given for float parameters as
+        floats (`_as_declared`), written back to the field that sets them."""
+        key = self.key_of(channel, part)
+        if getattr(self, key) is None:
+            return self.value_of(channel, part)
+        setattr(self, key, _as_declared(getattr(self, key), classes))
+        return getattr(self, key)
+
+    @staticmethod
+    def _step_classes(spec: str) -> list:
+        """The classes of a pipeline spec's steps that resolve (`aggregators.build` names the others)."""
+        try:
+            return [c for c in (aggregators.step_class(step) for step in spec.split("+")) if c is not None]
+        except (ValueError, TypeError):
+            return []
+
+    def _pipeline(self, channel: str, spec: str, params: dict) -> aggregators.Pipeline:
+        """The channel's pipeline, not yet checked for a number of messages. A ScenarioError
+        names the spec's field where the spec does not build on its own, else the parameters'."""
+        try:  # a seed in the parameters wins over the scenario's
+            return aggregators.build(spec, f=self.pipeline_f, **{"seed": self.seed, **params})
+        except (ValueError, TypeError) as e:
+            error = e
+        try:
+            aggregators.build(spec, f=self.pipeline_f, seed=self.seed)
+        except (ValueError, TypeError) as e:
+            raise ScenarioError(self.key_of(channel, "agg"), str(e)) from None
+        raise ScenarioError(self.key_of(channel, "agg_params"), str(error))
+
+    def _check_data_size(self) -> None:
+        """Every client that holds data (and the root set) gets examples of the training set,
+        whose size is known for registered datasets without loading them (`data.train_size`)."""
+        size = train_size(self.dataset)
+        if size is None:
+            return
+        pool = size - (self.root_size or 0)
+        if pool < 1:
+            raise ScenarioError("root_size", f"must be < {size}, the training examples of {self.dataset!r} "
+                                             f"(the clients need the rest), got {self.root_size}")
+        where = f"the {pool} training examples of {self.dataset!r}" + (
+            " left by the root set" if self.root_size else "")
+        holders = self.honest + (self.f if self.byzantine_hold_data else 0)
+        each = {"shards": self.shards, "dirichlet": 2}.get(self.partition, 1)
+        if holders <= pool // each:
+            return
+        if self.partition == "shards" and holders <= pool:
+            raise ScenarioError("shards", f"{holders} clients x {self.shards} shards need {holders * self.shards} of "
+                                          f"{where}, a shard one at least: must be <= {pool // holders}, "
+                                          f"got {self.shards}")
+        need = {"shards": f"{self.shards} shards of one example at least",
+                "dirichlet": "2 examples at least"}.get(self.partition, "one example at least")
+        most = pool // each + (0 if self.byzantine_hold_data else self.f)
+        raise ScenarioError("n", f"every client holding data needs {need}: {where} allow n <= {most} "
+                                 f"(f = {self.f}), got {self.n}")
+
+    def _check_norm_layers(self, protocol) -> None:
+        """The protocol's normalization layers build for the model's widths with gn_groups
+        (GroupNorm splits each layer's channels into groups of equal size)."""
+        widths = norm_widths(self.model)
+        if widths and not _norm_layers_build(protocol, widths, self.gn_groups):
+            allowed = [g for g in range(1, max(widths) + 1) if _norm_layers_build(protocol, widths, g)]
+            raise ScenarioError("gn_groups", f"norm = {self.norm!r} cannot split into {self.gn_groups} groups the "
+                                             f"channels of the normalized layers of model {self.model!r} "
+                                             f"({', '.join(map(str, widths))}); "
+                                             f"allowed: {', '.join(map(str, allowed))}, got {self.gn_groups}")
 
     def _validate_server_side(self, protocol) -> None:
         """The root set, data-holding Byzantine clients and the client filter: what they need
@@ -307,30 +478,29 @@ class Scenario:
     def _validate_channel(self, channel: str) -> None:
         name, params, spec, agg_params = self.channel(channel)
         attack_key, agg_key = self.key_of(channel, "attack"), self.key_of(channel, "agg")
-        for key, value in ((attack_key, name), (agg_key, spec)):
-            if not isinstance(value, str):
-                raise ScenarioError(key, f"must be a name (a string), got {value!r}")
-        for key in (self.key_of(channel, "attack_params"), self.key_of(channel, "agg_params")):
-            if not isinstance(getattr(self, key), (dict, type(None))):
-                raise ScenarioError(key, f"must be a table of parameters, got {getattr(self, key)!r}")
         if channel != "grad" and not get_protocol(self.norm).sends_statistics and name != "none":
             raise ScenarioError(attack_key, f"norm = {self.norm!r} sends no BN statistics; allowed: 'none'")
         if name != "none" and self.f == 0:
             raise ScenarioError(attack_key, f"{name!r} needs f >= 1 Byzantine clients (f = 0); use 'none'")
         try:
-            attacks.get(name)
+            attack_class = attacks.get(name)
         except (ValueError, TypeError) as e:
             raise ScenarioError(attack_key, str(e)) from None
+        params = self._declared(channel, "attack_params", [attack_class] if attack_class else [])
+        agg_params = self._declared(channel, "agg_params", self._step_classes(spec))
         try:
             # an attack that needs its pipeline gets it from the engine; a stand-in checks the rest
-            attacks.build(name, seed=self.seed, pipeline=len, **params)
+            attack = attacks.build(name, pipeline=len, **{"seed": self.seed, **params})  # a seed in params wins
+            if attack is not None:
+                attack.check(self.honest_per_round, self.f)
         except (ValueError, TypeError) as e:  # its parameters: the params table's key, if given
             raise ScenarioError(self.key_of(channel, "attack_params") if params else attack_key, str(e)) from None
+        pipeline = self._pipeline(channel, spec, agg_params)
         # without an attack on the channel, the Byzantine clients send nothing on it
         received = self.n if name != "none" else self.n - self.f
         try:
-            aggregators.build(spec, f=self.pipeline_f, n=received, seed=self.seed, **agg_params)
-        except (ValueError, TypeError) as e:
+            pipeline.check(received)
+        except ValueError as e:
             why = (f" (with {attack_key} = 'none' the Byzantine clients send nothing on this channel: "
                    f"the server receives n - f = {received} messages)") if received != self.n else ""
             assumed = f" (agg_f = {self.agg_f}: the pipelines are built for that many Byzantine clients)" \

@@ -51,8 +51,7 @@ CREATE TABLE IF NOT EXISTS runs (
     rounds_done INTEGER,
     resumed_from INTEGER,
     owner TEXT,
-    lease_until REAL,
-    attempts INTEGER NOT NULL DEFAULT 0
+    lease_until REAL
 )
 """
 # the CSV/JSON/table view of a run: scenario fields, then these
@@ -242,12 +241,6 @@ class Store:
         with self.db:
             self.db.execute("UPDATE runs SET owner = NULL, lease_until = NULL WHERE owner = ? AND status = 'running'"
                             + (" AND hash = ?" if run_hash else ""), (owner, run_hash) if run_hash else (owner,))
-
-    def attempt(self, run_hash: str) -> int:
-        """Count one more start of the run by a worker that then died; returns the count."""
-        with self.db:
-            self.db.execute("UPDATE runs SET attempts = attempts + 1 WHERE hash = ?", (run_hash,))
-        return self.db.execute("SELECT attempts FROM runs WHERE hash = ?", (run_hash,)).fetchone()[0]
 
     def progress(self, run_hash: str, history: list[dict], rounds_done: int, resumed_from: int | None = None,
                  owner: str | None = None) -> None:

@@ -46,3 +46,22 @@ def test_lr_schedule_follows_the_milestones():
 def test_defaults_are_valid_and_round_trip():
     sc = Scenario().validated()
     assert Scenario.from_dict(sc.to_dict()) == sc and sc.switch_round == sc.rounds // 2
+
+
+def test_shipped_scenario_files_keep_their_run_hashes(clean_search_path):
+    """Every scenario of the files in scenarios/ and examples/ and of the demo hashes as it did
+    when recorded (tests/data/scenario_file_hashes.json): stores hold hours of those runs."""
+    import json
+    import tomllib
+    from pathlib import Path
+
+    from robustbn.cli import DEMO_TOML
+    from robustbn.matrix import expand, load
+    from robustbn.store import scenario_hash
+
+    root = Path(__file__).resolve().parent.parent
+    recorded = json.loads((root / "tests/data/scenario_file_hashes.json").read_text())
+    assert len(recorded) >= 20 and "demo" in recorded
+    for name, hashes in recorded.items():
+        scenarios = expand(tomllib.loads(DEMO_TOML), "demo") if name == "demo" else load(root / name)[1]
+        assert [scenario_hash(s.to_dict()) for s in scenarios] == hashes, name
