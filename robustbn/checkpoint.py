@@ -122,7 +122,7 @@ def load_component_state(root: Any, state: dict[str, Any]) -> None:
         if "generator" in saved:
             if current is None:  # a per-device generator not drawn from yet in this process
                 current = torch.Generator(device=saved["generator"])
-                _assign(obj, torch.device(saved["generator"]) if isinstance(obj, dict) else last, current)
+                _assign(obj, torch.device(last) if isinstance(obj, dict) else last, current)
             current.set_state(saved["state"])
         elif "numpy" in saved:
             current.bit_generator.state = saved["numpy"]
