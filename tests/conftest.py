@@ -22,3 +22,11 @@ def clean_search_path(monkeypatch):
     yield
     for name in set(sys.modules) - modules:
         del sys.modules[name]
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    """Tests that inspect `plots.figure(...)` leave no figure open for the next test."""
+    yield
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
