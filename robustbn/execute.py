@@ -48,9 +48,9 @@ class ExecutorError(Exception):
 
 @dataclass
 class Checkpointing:
-    """How runs checkpoint: into `directory` (beside the store `db`, whose rows get the history
-    so far), every `every` rounds (None: every few minutes; 0: never); `keep` keeps the
-    checkpoints of finished runs."""
+    """How runs checkpoint: beside the store `db` (checkpoint.checkpoint_dir), whose rows get
+    the history so far while `owner` holds them; every `every` rounds (None: every few
+    minutes; 0: never); `keep` keeps the checkpoints of finished runs."""
 
     db: str
     every: int | None = None
