@@ -128,7 +128,10 @@ class Pipeline:
 
 
 def _accepted(cls) -> set[str]:
-    return set(inspect.signature(cls.__init__).parameters) - {"self"}
+    """The keywords a step's constructor names (not `*args`, `**kwargs`: a step without a
+    constructor of its own has object's, which takes nothing)."""
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {k for k, p in inspect.signature(cls.__init__).parameters.items() if p.kind in named} - {"self"}
 
 
 def build(spec: str, f: int = 0, n: int | None = None, seed: int | None = None, **params) -> Pipeline:

@@ -193,13 +193,18 @@ class Checkpointer:
 
     def save(self, state: dict[str, Any]) -> None:
         """Write atomically: a temporary file beside it, flushed to disk, then renamed over."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            torch.save({"format": FORMAT, "hash": self.run_hash, **state}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                torch.save({"format": FORMAT, "hash": self.run_hash, **state}, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except OSError as e:  # a full disk, a folder in the file's place: the run goes on without
+            tmp.unlink(missing_ok=True)
+            print(f"robustbn: could not write the checkpoint {self.path} ({e}); the run goes on", file=sys.stderr)
+            return
         self._last = time.monotonic()
         if self.on_save is not None:
             self.on_save(state)
@@ -208,6 +213,10 @@ class Checkpointer:
         """The last checkpoint, or None (none, or one that cannot be used: a one-line warning,
         and the run starts over)."""
         if not self.path.exists():
+            return None
+        if not self.path.is_file():  # a folder or a fifo (open would block) in the file's place
+            print(f"robustbn: ignoring the checkpoint {self.path} (not a regular file); the run starts over",
+                  file=sys.stderr)
             return None
         try:
             state = torch.load(self.path, map_location="cpu", weights_only=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -76,9 +77,41 @@ def _fail_cleanly(fn):
     return wrapper
 
 
-def _where(pairs: list[str]) -> dict:
+def _where(pairs: list[str], flag: str = "--where") -> dict:
+    """`--where key=value` filters: scenario fields only (an unknown key, a typo, would match
+    nothing and read as "no runs")."""
+    from .matrix import FIELDS, parse_override
+
+    where = dict(parse_override(p, flag, "norm=fbn") for p in pairs)
+    unknown = sorted(set(where) - set(FIELDS))
+    if unknown:
+        raise UsageError(f"{flag} {unknown[0]}: not a scenario field; allowed: {', '.join(sorted(FIELDS))}")
+    return where
+
+
+def _params(pairs: list[str], reserved: dict[str, str]) -> dict:
+    """`--param key=value` of check-aggregator; `reserved`: keys that are options of their own."""
     from .matrix import parse_override
-    return dict(parse_override(p) for p in pairs)
+
+    params = dict(parse_override(p, "--param", "s=2") for p in pairs)
+    for key, option in reserved.items():
+        if key in params:
+            raise UsageError(f"--param {key}: not a parameter of SPEC; {option}")
+    return params
+
+
+def _image_path(out: str, flag: str = "--out") -> None:
+    """A file matplotlib can write: a name with an image format's extension, not a directory."""
+    from matplotlib.figure import Figure
+
+    formats = Figure().canvas.get_supported_filetypes()
+    path = Path(out)
+    if not out or path.is_dir():
+        raise UsageError(f"{flag} {out!r}: {'an empty path' if not out else 'a directory'}; give an image file, "
+                         f"e.g. results/plot.png")
+    if path.suffix.lstrip(".").lower() not in formats:
+        raise UsageError(f"{flag} {out}: the extension names the image format; allowed: "
+                         f"{', '.join('.' + f for f in sorted(formats))}")
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:
@@ -117,13 +150,17 @@ def _run_and_report(values_scenarios, source, args) -> int:
         raise UsageError(f"{source} expands to {len(scenarios)} runs; pass --yes to run them all "
                          f"(or --shard I/N to run a slice; `robustbn list` shows them)")
     executor = getattr(args, "executor", "local")
-    shard = parse_shard(args.shard) if getattr(args, "shard", None) else None
+    shard = parse_shard(args.shard) if getattr(args, "shard", None) is not None else None
+    ckpt = checkpoint_dir(args.db) if args.db else None  # an empty --db: Store names it
+    # a file or a dangling link there: every run failed at its first checkpoint, or after it ended
+    if ckpt is not None and (ckpt.is_symlink() and not ckpt.exists() or ckpt.exists() and not ckpt.is_dir()):
+        raise UsageError(f"{ckpt}: not a directory; the checkpoints of {args.db} go there (move it away)")
     ray_options = None
     if executor == "ray":
         if args.jobs != 1:
             raise UsageError("--jobs is for the local executor; with --executor ray, size tasks with "
                              "--cpus-per-run and --gpus-per-run")
-        if args.cpus_per_run <= 0 or args.gpus_per_run < 0 or args.retries < 0:
+        if not (0 < args.cpus_per_run < math.inf and 0 <= args.gpus_per_run < math.inf) or args.retries < 0:
             raise UsageError("--cpus-per-run must be > 0, --gpus-per-run >= 0 and --retries >= 0")
         ray_options = RayOptions(args.address, args.cpus_per_run, args.gpus_per_run, args.retries)
     elif getattr(args, "address", None):
@@ -162,7 +199,7 @@ def cmd_run(args) -> int:
 def cmd_merge(args) -> int:
     from .store import Store
 
-    if Path(args.db).resolve() in {Path(p).resolve() for p in args.stores}:
+    if os.path.realpath(args.db) in {os.path.realpath(p) for p in args.stores}:  # no error on a symlink loop
         raise UsageError(f"--db {args.db} is also a store to merge; give a different target")
     store = Store(args.db)
     try:
@@ -261,9 +298,13 @@ def cmd_import(args) -> int:
 
 @_fail_cleanly
 def cmd_plot(args) -> int:
+    from .matrix import FIELDS
     from .plots import plot
     from .store import Store
 
+    _image_path(args.out)
+    if args.kind == "heterogeneity" and args.x not in FIELDS:
+        raise UsageError(f"--x {args.x}: not a scenario field; allowed: {', '.join(sorted(FIELDS))}")
     with Store(args.db, readonly=True) as store:
         rows = store.rows(_where(args.where))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -287,12 +328,20 @@ def cmd_check_aggregator(args) -> int:
         raise UsageError("--f must be >= 0, --n >= 1 and --examples >= 1")
     if args.f is not None and args.n is not None and 2 * args.f >= args.n:
         raise UsageError(f"--n must be > 2 --f (an honest majority), got f={args.f}, n={args.n}")
+    from hypothesis.errors import HypothesisException
+
+    reserved = {"f": "use --f", "examples": "use --examples",
+                **({"name": "the attack is SPEC", "pipeline": "the kit attacks a median"} if args.attack else
+                   {"n": "use --n", "spec": "the spec is SPEC"})}
+    params = _params(args.param, reserved)
     try:
-        params = _where(args.param)
         if args.attack:
             outcomes = check_attack(args.spec, f=args.f or 2, examples=args.examples, **params)
         else:
             outcomes = check(args.spec, f=args.f, n=args.n, examples=args.examples, **params)
+    except HypothesisException as e:  # sizes the kit cannot draw message sets of
+        raise UsageError(f"--f {args.f}, --n {args.n}: the property kit cannot draw message sets of this size "
+                         f"({type(e).__name__}); try smaller values") from None
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None
     width = max(len(o.name) for o in outcomes)
@@ -307,7 +356,11 @@ def cmd_check_aggregator(args) -> int:
 @_fail_cleanly
 def cmd_toy(args) -> int:
     from .plots import toy_figure
+    from .scenario import MAX_SEED
 
+    if not 0 <= args.seed <= MAX_SEED:
+        raise UsageError(f"--seed must be an integer >= 0 and <= {MAX_SEED}, got {args.seed}")
+    _image_path(args.out)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     errors = toy_figure(args.out, seed=args.seed)
     print("normalization error vs centralized BN (seed 002, Figure 2c):")

@@ -100,8 +100,9 @@ def _attempt(values: dict, run_hash: str, checkpointing: Checkpointing | None, p
         return {"ok": run_one(values, progress, checkpoint)}
     except Interrupted as e:
         return {"interrupted": e.signum}
-    except Exception:
-        return {"error": traceback.format_exc(limit=4)}
+    except Exception as e:  # the traceback for the store, the exception's first line for the terminal
+        return {"error": traceback.format_exc(limit=4),
+                "brief": "".join(traceback.format_exception_only(e)).strip().splitlines()[0]}
 
 
 def _worker_init(threads: int, search: list[str] = ()) -> None:
@@ -428,7 +429,7 @@ def run_matrix(scenarios: list[Scenario], store: Store, source: str = "", jobs: 
                     summary.resumed += out["ok"]["resumed_from"] is not None
                 elif "error" in out:
                     store.fail(run_hash, out["error"])
-                    summary.failed.append((run_hash, out["error"].strip().splitlines()[-1]))
+                    summary.failed.append((run_hash, out.get("brief") or out["error"].strip().splitlines()[-1]))
                 elif "taken" in out:
                     summary.taken += 1
                 else:

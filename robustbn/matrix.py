@@ -39,12 +39,15 @@ class MatrixError(ValueError):
     """A bad scenario file or override: the message names the file, the key and what is allowed."""
 
 
-def parse_override(text: str) -> tuple[str, Any]:
+def parse_override(text: str, flag: str = "--set", example: str = "rounds=100") -> tuple[str, Any]:
     """`key=value`, value in TOML syntax (`f=3`, `norm=["fbn","naive"]`, `lr=0.05`); a value
-    that is not valid TOML is taken as a string (`norm=fbn`)."""
+    that is not valid TOML is taken as a string (`norm=fbn`). `flag` names the option in
+    messages (--set, --where, --param)."""
     if "=" not in text:
-        raise MatrixError(f"--set {text!r}: expected key=value, e.g. --set rounds=100")
+        raise MatrixError(f"{flag} {text!r}: expected key=value, e.g. {flag} {example}")
     key, raw = (part.strip() for part in text.split("=", 1))
+    if not key:
+        raise MatrixError(f"{flag} {text!r}: no key before '='; expected key=value, e.g. {flag} {example}")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -119,7 +122,15 @@ def expand(values: dict[str, Any], source: str = "<scenario>") -> list[Scenario]
 
 def load(path: str | Path, overrides: list[str] = ()) -> tuple[dict[str, Any], list[Scenario]]:
     """(the file's values with overrides applied, its expanded scenarios)."""
+    if str(path) == "":
+        raise MatrixError("an empty path; give a scenario file (a TOML file)")
     path = Path(path)
+    try:  # a fifo or a device would block the read or read as an empty file: neither is a scenario file
+        if path.exists() and not path.is_dir() and not path.is_file():
+            raise MatrixError(f"{path}: not a regular file (a fifo, a socket or a device); give a scenario file "
+                              f"(a TOML file)")
+    except OSError:
+        pass  # a symlink loop and the like: the read below names it
     try:
         values = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

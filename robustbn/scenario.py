@@ -31,6 +31,12 @@ INF = float("inf")
 # room for the seeds derived from a scenario's (seed + k) within a signed 64-bit integer, which
 # torch's and numpy's generators and SQLite all take
 MAX_SEED = 2**63 - 1 - 1024
+INT64_MAX = 2**63 - 1
+# keywords the engine passes to aggregators.build / attacks.build itself: never parameters
+RESERVED_PARAMS = {"agg_params": {"spec": "the spec is the channel's *_agg field", "f": "the scenario's f, or agg_f, sets it",
+                                  "n": "the number of messages is the scenario's"},
+                   "attack_params": {"name": "the attack is the channel's *_attack field",
+                                     "pipeline": "the attacked pipeline is the channel's *_agg"}}
 # Each field on its own. Integer fields: (low[, high]); they take integers only (n = 10.0 is
 # refused, not rounded). Float fields: (low, high[, low_open[, high_open]]); an integer there is
 # taken as the float it equals (lr = 1 and lr = 1.0 are one run, with one hash).
@@ -61,6 +67,10 @@ def type_names(annotation) -> set[str]:
 
 
 def _integer(name: str, v, low: int, high: int | None = None, why: str = "") -> int:
+    """`v`, an integer in [low, high]; without a `high`, at most a signed 64-bit integer (what
+    torch's sizes and SQLite's integers hold), named only when exceeded."""
+    if high is None and is_integer(v) and v > INT64_MAX:
+        high, why = INT64_MAX, "2**63 - 1: a signed 64-bit integer"
     if not is_integer(v) or v < low or (high is not None and v > high):
         bound = f">= {low}" + (f" and <= {high}" if high is not None else "") + (f" ({why})" if why else "")
         raise ScenarioError(name, f"must be an integer {bound}, got {v!r}")
@@ -488,6 +498,11 @@ class Scenario:
             raise ScenarioError(attack_key, str(e)) from None
         params = self._declared(channel, "attack_params", [attack_class] if attack_class else [])
         agg_params = self._declared(channel, "agg_params", self._step_classes(spec))
+        for part, given in (("attack_params", params), ("agg_params", agg_params)):
+            for key, why in RESERVED_PARAMS[part].items():
+                if key in given:
+                    raise ScenarioError(self.key_of(channel, part), f"{key!r} is not a parameter ({why}); "
+                                                                    f"got {key} = {given[key]!r}")
         try:
             # an attack that needs its pipeline gets it from the engine; a stand-in checks the rest
             attack = attacks.build(name, pipeline=len, **{"seed": self.seed, **params})  # a seed in params wins

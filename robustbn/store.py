@@ -132,6 +132,10 @@ def connect(path: str | Path, readonly: bool = False) -> sqlite3.Connection:
     if str(path) == "":
         raise StoreError("--db: an empty path; give a results store file, e.g. results/robustbn.sqlite")
     path = Path(path)
+    try:
+        path.resolve(strict=False)
+    except (RuntimeError, OSError) as e:  # a symlink loop
+        raise StoreError(f"{path}: cannot resolve the path ({e})") from None
     if path.is_dir():
         raise StoreError(f"{path}: is a directory, not a results store file")
     if readonly and not path.is_file():
@@ -428,11 +432,11 @@ def read_export(path: str | Path) -> list[dict[str, Any]]:
     the file (and the row) on anything else."""
     path = Path(path)
     if not path.is_file():
-        raise StoreError(f"{path}: no such file")
+        raise StoreError(f"{path}: not a regular file" if path.exists() else f"{path}: no such file")
     limit = csv.field_size_limit()
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # histories are long cells
     try:
-        with path.open(newline="", encoding="utf-8") as fh:
+        with path.open(newline="", encoding="utf-8-sig") as fh:  # -sig: a spreadsheet's byte-order mark
             reader = csv.reader(fh)
             header = next(reader, None)
             records = list(reader)

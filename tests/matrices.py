@@ -26,3 +26,13 @@ def torch_threads(n: int):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def one_line_error(capsys, code: int, *words: str) -> str:
+    """A user error as the CLI must give it: exit status 2, one stderr line holding `words`,
+    no traceback anywhere. Returns the line."""
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in out.err + out.out, out
+    assert all(w in lines[0] for w in words), lines[0]
+    return lines[0]

@@ -133,6 +133,16 @@ def test_an_unusable_checkpoint_warns_in_one_line_and_the_run_starts_over(damage
     assert len(err) == 1 and "ignoring the checkpoint" in err[0] and "starts over" in err[0]
 
 
+def test_a_folder_in_the_checkpoints_place_costs_a_warning_not_the_run(tmp_path, capsys):
+    sc = Scenario.from_dict({**SMALL, **CONFIGS["fbn-random-rules"]})
+    (tmp_path / "c.pt").mkdir()
+    result = run(sc, checkpoint=Checkpointer(tmp_path / "c.pt", "h", every=2))
+    assert result.history == run(sc).history and result.extra["resumed_from"] is None
+    err = capsys.readouterr().err
+    assert "not a regular file" in err and "could not write the checkpoint" in err and "Traceback" not in err
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary file left behind
+
+
 # ---- real processes ---------------------------------------------------------------------
 
 LONG = TINY_RUN.replace("n = 4", "n = 6").replace("rounds = 6", "rounds = 200").replace(

@@ -11,7 +11,7 @@ import pytest
 from robustbn.cli import main
 from robustbn.store import Store
 
-from matrices import TINY_RUN
+from matrices import TINY_RUN, one_line_error
 
 READS = [["results"], ["results", "--format", "json"], ["results", "--worst-case"],
          ["plot", "curves", "--out", "{tmp}/p.png"]]
@@ -19,14 +19,6 @@ READS = [["results"], ["results", "--format", "json"], ["results", "--worst-case
 
 def snapshot(folder: Path) -> dict:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
-
-
-def one_line_error(capsys, code: int, *words: str) -> str:
-    out = capsys.readouterr()
-    lines = out.err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "Traceback" not in out.err + out.out, out
-    assert all(w in lines[0] for w in words), lines[0]
-    return lines[0]
 
 
 def matrix(tmp_path) -> Path:
@@ -143,3 +135,23 @@ def test_jobs_out_of_range_and_a_huge_matrix_need_words(tmp_path, capsys):
     big.write_text(TINY_RUN + 'norm = "fbn"\nseed = [' + ", ".join(map(str, range(2001))) + "]\n")
     line = one_line_error(capsys, main(["run", str(big), "--db", str(db), "--quiet"]), "2001 runs", "--yes")
     assert not db.exists(), line
+
+
+def test_a_symlink_loop_as_the_store_is_one_line(tmp_path, capsys):
+    loop = tmp_path / "loop.sqlite"
+    os.symlink(loop, loop)
+    for command in (["run", str(matrix(tmp_path)), "--quiet"], ["results"], ["merge", str(tmp_path / "x.sqlite")]):
+        one_line_error(capsys, main([*command, "--db", str(loop)]), str(loop))
+
+
+def test_import_reads_a_spreadsheets_byte_order_mark_and_names_a_folder(tmp_path, capsys):
+    db = tmp_path / "s.sqlite"
+    assert main(["run", str(matrix(tmp_path)), "--db", str(db), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["results", "--db", str(db), "--format", "csv"]) == 0
+    exported = tmp_path / "excel.csv"
+    exported.write_text("\ufeff" + capsys.readouterr().out, encoding="utf-8")
+    assert main(["import", str(exported), "--db", str(tmp_path / "copy.sqlite")]) == 0
+    assert "1 added" in capsys.readouterr().out
+    one_line_error(capsys, main(["import", str(tmp_path), "--db", str(tmp_path / "copy.sqlite")]),
+                   "not a regular file")
