@@ -230,9 +230,6 @@ class Checkpointer:
             return None
         return state
 
-    def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
-
 
 def checkpoint_dir(db: str | Path) -> Path:
     """Checkpoints live beside the store: results/robustbn.sqlite -> results/robustbn.sqlite.checkpoints/"""

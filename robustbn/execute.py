@@ -66,11 +66,14 @@ class Checkpointing:
                     store.progress(run_hash, state["history"], state["round"], state["resumed_from"], self.owner)
             except Exception as e:
                 print(f"robustbn: could not record the progress of {run_hash} in {self.db}: {e}", file=sys.stderr)
-        return Checkpointer(checkpoint_dir(self.db) / f"{run_hash}.pt", run_hash, self.every, progress)
+        return Checkpointer(self.path(run_hash), run_hash, self.every, progress)
+
+    def path(self, run_hash: str) -> Path:
+        return checkpoint_dir(self.db) / f"{run_hash}.pt"
 
     def done_with(self, run_hash: str) -> None:
         if not self.keep:
-            (checkpoint_dir(self.db) / f"{run_hash}.pt").unlink(missing_ok=True)
+            self.path(run_hash).unlink(missing_ok=True)
 
 
 def _data_for(sc: Scenario):
