@@ -33,10 +33,11 @@ from .base import (
     with_diagonal,
     working_dtype,
 )
-from .checks import integer, real
+from .checks import integer, iterations, real
 from .rules import Meamed, _require
 
 INF = float("inf")
+MAX_SUBSETS = 10**7  # mda/smea: C(n, f) subsets enumerated and scored every round
 CHUNK_ELEMENTS = 1 << 22  # subsets are scored in chunks of at most this many gathered matrix entries
 
 
@@ -129,7 +130,7 @@ class _SubsetSearch(Rule):
 
     def __init__(self, f: int, max_subsets: int = 1_000_000):
         self.f = check_f(f, self.name)
-        self.max_subsets = integer(self.name, "max_subsets", max_subsets, 1)
+        self.max_subsets = iterations(self.name, "max_subsets", max_subsets, high=MAX_SUBSETS)
 
     def rows_out(self, n):
         _require(2 * self.f < n, self.name, f"needs 2f < n, got f={self.f}, n={n}")
@@ -357,7 +358,7 @@ class DnC(Rule, Generated):
     def __init__(self, f: int, niters: int = 1, b: int = 10000, c: float = 1.0, seed: int = 0,
                  generator: torch.Generator | None = None):
         self.f = check_f(f, self.name)
-        self.niters = integer(self.name, "niters", niters, 1)
+        self.niters = iterations(self.name, "niters", niters)
         self.b = integer(self.name, "b (coordinates sampled)", b, 1)
         self.c = real(self.name, "c (filtering fraction)", c, 0.0)
         self._init_generator(seed, generator)

@@ -12,6 +12,9 @@ import torch
 
 # what torch.Generator.manual_seed accepts, and numpy's generators (which refuse negative seeds)
 MAX_SEED = 2**64 - 1
+# loop counts inside a round (cc's and geomed's iters, dnc's niters, line-search steps): the
+# literature uses at most a few hundred; 10_000 leaves room and still ends a round in minutes
+MAX_ITERATIONS = 10_000
 
 
 def is_integer(value) -> bool:
@@ -44,12 +47,19 @@ def real(who: str, param: str, value, low: float | None = None, low_open: bool =
     return x
 
 
-def integer(who: str, param: str, value, low: int, high: int | None = None) -> int:
-    """`value` as an int in [low, high] (high None: no upper bound)."""
+def integer(who: str, param: str, value, low: int, high: int | None = None, why: str = "") -> int:
+    """`value` as an int in [low, high] (high None: no upper bound); `why` explains the bounds."""
     if not is_integer(value) or value < low or (high is not None and value > high):
-        span = f">= {low}" if high is None else f"in [{low}, {high}]"
+        span = (f">= {low}" if high is None else f"in [{low}, {high}]") + (f" ({why})" if why else "")
         raise ValueError(f"{who}: {param} must be an integer {span}, got {value!r}")
     return int(value)
+
+
+def iterations(who: str, param: str, value, low: int = 1, high: int = MAX_ITERATIONS) -> int:
+    """A loop count or search budget run inside every round (iterations, search steps): an
+    integer in [low, high]. A stop request is honoured at round end only, so an unbounded
+    count would hold a round, and the stop, practically forever."""
+    return integer(who, param, value, low, high, "a loop run every round; a stop request waits for the round's end")
 
 
 def choice(who: str, param: str, value, allowed: tuple[str, ...]) -> str:

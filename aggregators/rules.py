@@ -13,7 +13,7 @@ import functools
 import torch
 
 from .base import Rule, check_f, nearest_mean_weights, pairwise_sq_distances, smallest, sq_distances
-from .checks import integer, real
+from .checks import integer, iterations, real
 
 
 # On the CPU, torch.sort along the client axis is slow: a sorting network of elementwise
@@ -211,7 +211,7 @@ class GeometricMedian(Rule):
         return 4 * (1 + f / (n - 2 * f)) ** 2  # Allouah et al. 2023, Table 1
 
     def __init__(self, iters: int = 30, nu: float = 1e-6):
-        self.iters = integer(self.name, "iters", iters, 1)
+        self.iters = iterations(self.name, "iters", iters)
         self.nu = real(self.name, "nu", nu, 0.0, low_open=True)
 
     def apply(self, x):
@@ -233,7 +233,7 @@ class CenteredClipping(Rule):
 
     def __init__(self, tau: float = 1.0, iters: int = 3):
         self.tau = real(self.name, "tau", tau, 0.0, low_open=True)
-        self.iters = integer(self.name, "iters", iters, 1)
+        self.iters = iterations(self.name, "iters", iters)
 
     def apply(self, x):
         v = _median(x)

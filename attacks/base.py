@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from aggregators.base import Generated  # noqa: F401 (random attacks: a seed or a generator)
-from aggregators.checks import choice, integer, real  # noqa: F401 (the attacks' parameter checks)
+from aggregators.checks import choice, integer, iterations, real  # noqa: F401 (the attacks' parameter checks)
 
 
 class Attack:

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from .base import Attack, integer, mean_and_std, pipeline_of, real, repeat
+from .base import Attack, iterations, mean_and_std, pipeline_of, real, repeat
 from .basic import alie_z
 
 Aggregate = Callable[[torch.Tensor], torch.Tensor]
@@ -22,7 +22,7 @@ class _LineSearch(Attack):
 
     def __init__(self, pipeline: Aggregate, low: float, high: float, steps: int):
         low, high = real(self.name, "low", low), real(self.name, "high", high)
-        self.steps = integer(self.name, "steps", steps, 2)
+        self.steps = iterations(self.name, "steps", steps, 2)
         if not high > low:
             raise ValueError(f"{self.name}: needs high > low, got low={low}, high={high}")
         self.pipeline, self.low, self.high = pipeline_of(self.name, pipeline), low, high

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .base import Attack, integer, mean_and_std, pipeline_of, real, repeat
+from .base import Attack, iterations, mean_and_std, pipeline_of, real, repeat
 
 Objective = Callable[[torch.Tensor], torch.Tensor]  # (G, n, d) candidate message sets -> (G,) damage
 
@@ -55,9 +55,9 @@ class StatisticsSearch(Attack):
     def __init__(self, pipeline: Callable[[torch.Tensor], torch.Tensor], z_max: float = 10.0, z_steps: int = 21,
                  scale_exp: float = 6.0, scale_steps: int = 13):
         self.pipeline = pipeline_of(self.name, pipeline)
-        self.z_max, self.z_steps = real(self.name, "z_max", z_max, 0.0), integer(self.name, "z_steps", z_steps, 1)
+        self.z_max, self.z_steps = real(self.name, "z_max", z_max, 0.0), iterations(self.name, "z_steps", z_steps)
         self.scale_exp = real(self.name, "scale_exp", scale_exp, 0.0)
-        self.scale_steps = integer(self.name, "scale_steps", scale_steps, 1)
+        self.scale_steps = iterations(self.name, "scale_steps", scale_steps)
 
     def candidates(self, honest: torch.Tensor) -> torch.Tensor:
         """(G, d): every candidate Byzantine message."""

@@ -57,6 +57,15 @@ class UsageError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's own usage errors (an unknown option, a missing argument, a bad choice) as one
+    line pointing at --help, not the whole usage block; exit status 2. Subparsers are made of
+    the same class."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _fail_cleanly(fn):
     def wrapper(args):
         import sqlite3
@@ -77,16 +86,30 @@ def _fail_cleanly(fn):
     return wrapper
 
 
-def _where(pairs: list[str], flag: str = "--where") -> dict:
-    """`--where key=value` filters: scenario fields only (an unknown key, a typo, would match
-    nothing and read as "no runs")."""
-    from .matrix import FIELDS, parse_override
+WHERE_HELP = ("keep the runs whose scenario field KEY equals VALUE; a list is any of its values "
+              "(--where 'n=[4,5]', --where 'norm=[fbn,naive]'); repeatable, every filter must hold")
 
-    where = dict(parse_override(p, flag, "norm=fbn") for p in pairs)
-    unknown = sorted(set(where) - set(FIELDS))
-    if unknown:
-        raise UsageError(f"{flag} {unknown[0]}: not a scenario field; allowed: {', '.join(sorted(FIELDS))}")
+
+def _where(pairs: list[str], flag: str = "--where") -> list[tuple[str, list]]:
+    """`--where key=value` filters as (key, the values accepted), a list being any of its values:
+    scenario fields only (an unknown key, a typo, would match nothing and read as "no runs")."""
+    from .matrix import FIELDS, alternatives, parse_override
+
+    where = [(key, alternatives(key, value)) for key, value in (parse_override(p, flag, "norm=fbn") for p in pairs)]
+    for key, values in where:
+        if key not in FIELDS:
+            raise UsageError(f"{flag} {key}: not a scenario field; allowed: {', '.join(sorted(FIELDS))}")
+        if not values:
+            raise UsageError(f"{flag} {key}=[]: an empty list matches no run; give at least one value")
     return where
+
+
+def _rows(store, pairs: list[str], status=None) -> list[dict]:
+    """The store's runs (`Store.rows`) that every `--where` of `pairs` keeps."""
+    from .store import _same
+
+    where = _where(pairs)
+    return [r for r in store.rows(status=status) if all(any(_same(r.get(k), v) for v in values) for k, values in where)]
 
 
 def _params(pairs: list[str], reserved: dict[str, str]) -> dict:
@@ -243,7 +266,7 @@ def cmd_results(args) -> int:
     if args.worst_case and args.status not in (None, "done", "diverged"):
         raise UsageError("--worst-case reads finished runs only (leave out --status)")
     with Store(args.db, readonly=True) as store:
-        rows = store.rows(_where(args.where), FINISHED if args.worst_case else args.status)
+        rows = _rows(store, args.where, FINISHED if args.worst_case else args.status)
     if args.worst_case:
         return _print_worst_case(rows, args.format)
     if args.format == "table":
@@ -306,7 +329,7 @@ def cmd_plot(args) -> int:
     if args.kind == "heterogeneity" and args.x not in FIELDS:
         raise UsageError(f"--x {args.x}: not a scenario field; allowed: {', '.join(sorted(FIELDS))}")
     with Store(args.db, readonly=True) as store:
-        rows = store.rows(_where(args.where))
+        rows = _rows(store, args.where)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     try:
         plot(rows, args.kind, args.out, args.title, args.x)
@@ -420,7 +443,7 @@ def _add_run_options(p, db=DEFAULT_DB):
 
 def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="robustbn", formatter_class=raw,
         description="A testbed for Byzantine-robust federated learning with batch normalization.",
         epilog="examples:\n  robustbn demo\n  robustbn list scenarios/fbn_fig4_fmnist.toml\n"
@@ -430,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  robustbn plot heatmap --out results/heatmap.png\n  robustbn toy --out results/toy.png")
     ap.add_argument("--version", action="version", version=f"robustbn {__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    ap.commands = sub.choices  # name -> subparser: an unknown option is reported by its command's
 
     p = sub.add_parser("run", help="run a scenario or matrix file into the results store", formatter_class=raw,
                        description="Run every scenario of FILE (a TOML scenario or matrix); finished runs already in the "
@@ -499,7 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "  robustbn results --worst-case --format csv > worst.csv")
     p.add_argument("--db", default=DEFAULT_DB)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
-    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="filter on a scenario field")
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help=WHERE_HELP)
     p.add_argument("--status", choices=["done", "diverged", "running", "failed"], default=None,
                    help="running runs show their rounds_done and history so far")
     p.add_argument("--worst-case", action="store_true",
@@ -523,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kind", choices=["curves", "heterogeneity", "heatmap", "worst-case"])  # plots.KINDS
     p.add_argument("--out", required=True)
     p.add_argument("--db", default=DEFAULT_DB)
-    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help=WHERE_HELP)
     p.add_argument("--x", default="gamma", help="x axis of the heterogeneity plot (default gamma; e.g. alpha)")
     p.add_argument("--title", default=None)
     p.set_defaults(run=cmd_plot)
@@ -568,7 +592,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
-    args = ap.parse_args(argv)
+    try:  # --help, --version and usage errors end parsing with SystemExit: their status is ours
+        args, unknown = ap.parse_known_args(argv)
+        if unknown:
+            ap.commands.get(args.command, ap).error(f"unrecognized arguments: {' '.join(unknown)}")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     if args.command is None:
         ap.print_help()
         return 0

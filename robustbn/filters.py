@@ -15,6 +15,7 @@ import inspect
 
 import torch
 
+from aggregators.checks import iterations
 from aggregators.plugins import lookup
 
 
@@ -69,9 +70,7 @@ class BNGuard(ClientFilter):
     def __init__(self, layers: str = "first", iters: int = 50):
         if layers not in ("first", "all"):
             raise ValueError(f"bnguard: layers must be 'first' or 'all', got {layers!r}")
-        if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
-            raise ValueError(f"bnguard: iters must be an integer >= 1, got {iters!r}")
-        self.layers, self.iters = layers, iters
+        self.layers, self.iters = layers, iterations("bnguard", "iters", iters)
 
     def features(self, mean: torch.Tensor, var: torch.Tensor, channels_per_layer: list[int]) -> torch.Tensor:
         """(m, 4 x layers used) features, float64."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -41,18 +42,32 @@ class MatrixError(ValueError):
 
 def parse_override(text: str, flag: str = "--set", example: str = "rounds=100") -> tuple[str, Any]:
     """`key=value`, value in TOML syntax (`f=3`, `norm=["fbn","naive"]`, `lr=0.05`); a value
-    that is not valid TOML is taken as a string (`norm=fbn`). `flag` names the option in
-    messages (--set, --where, --param)."""
+    that is not valid TOML is taken as a string (`norm=fbn`), and a flat list of such values as
+    a list of them (`norm=[fbn,naive]`). `flag` names the option in messages (--set, --where,
+    --param)."""
     if "=" not in text:
         raise MatrixError(f"{flag} {text!r}: expected key=value, e.g. {flag} {example}")
     key, raw = (part.strip() for part in text.split("=", 1))
     if not key:
         raise MatrixError(f"{flag} {text!r}: no key before '='; expected key=value, e.g. {flag} {example}")
+    return key, _toml_or_text(raw)
+
+
+def _toml_or_text(raw: str) -> Any:
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
+        return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
-        value = raw
-    return key, value
+        pass
+    items = [item.strip() for item in raw[1:-1].split(",")] if re.fullmatch(r"\[[^\[\]'\"]*\]", raw) else []
+    if items and all(items):  # [fbn, naive]: bare words in a list, as a shell makes typing quotes a chore
+        return [_toml_or_text(item) for item in items]
+    return raw
+
+
+def alternatives(key: str, value: Any) -> list:
+    """The values a `key = value` filter accepts (an exclude rule's, a --where's): a list means
+    any of them, except a single value of a list-valued field (lr_milestones), as in a file's axes."""
+    return value if _is_axis(key, value) else [value]
 
 
 def _is_axis(key: str, value: Any) -> bool:
@@ -78,8 +93,7 @@ def _rule_value(sc: Scenario, key: str) -> Any:
 def _matches(rule: dict[str, Any], combo: dict[str, Any]) -> bool:
     sc = Scenario(**combo)
     for key, wanted in rule.items():
-        options = wanted if _is_axis(key, wanted) else [wanted]  # read as in the file's axes
-        if _rule_value(sc, key) not in options:
+        if _rule_value(sc, key) not in alternatives(key, wanted):
             return False
     return True
 
@@ -98,7 +112,7 @@ def expand(values: dict[str, Any], source: str = "<scenario>") -> list[Scenario]
         if bad:
             raise MatrixError(f"{source}: exclude rule names unknown key {bad[0]!r}; allowed: scenario fields")
     fields = {k: v for k, v in values.items() if k not in SPECIAL}
-    axes = {k: (v if _is_axis(k, v) else [v]) for k, v in fields.items()}
+    axes = {k: alternatives(k, v) for k, v in fields.items()}
     for key, options in axes.items():
         if not options:
             raise MatrixError(f"{source}: key {key!r} is an empty list; give at least one value")

@@ -15,7 +15,7 @@ import torch
 
 import aggregators
 import attacks
-from aggregators.checks import as_float, is_integer
+from aggregators.checks import MAX_ITERATIONS, as_float, is_integer
 
 from .channels import BN_CHANNEL_KEYS, BN_CHANNELS, CHANNELS, PARTS
 from .data import PARTITIONS, dataset_loader, train_size
@@ -41,7 +41,8 @@ RESERVED_PARAMS = {"agg_params": {"spec": "the spec is the channel's *_agg field
 # refused, not rounded). Float fields: (low, high[, low_open[, high_open]]); an integer there is
 # taken as the float it equals (lr = 1 and lr = 1.0 are one run, with one hash).
 INTEGERS = {"shards": (1,), "gn_groups": (1,), "n": (1,), "f": (0,), "rounds": (1,), "batch_size": (1,),
-            "local_steps": (1,), "eval_every": (1,),
+            "local_steps": (1, MAX_ITERATIONS, "steps run every round; a stop request waits for the round's end"),
+            "eval_every": (1,),
             "seed": (0, MAX_SEED, "2**63 - 1025: the seeds derived from it, seed + k, stay 64-bit integers")}
 NUMBERS = {"gamma": (0, 1), "alpha": (0, INF, True, True), "dropout": (0, 1, False, True),
            "bn_momentum": (0, 1, True), "hbn_lambda": (0, 1, True), "lr": (0, INF, True, True),
@@ -50,6 +51,11 @@ NUMBERS = {"gamma": (0, 1), "alpha": (0, INF, True, True), "dropout": (0, 1, Fal
 TYPE_WORDS = {"str": "a name (a string)", "int": "an integer", "bool": "true, false", "dict": "a table of parameters",
               "list": "a list", "None": "absent"}
 TYPES = {"str": str, "int": int, "bool": bool, "dict": dict, "list": list, "None": type(None)}
+# the built-in datasets' images (channels, side, classes), for the memory estimate; data.py loads
+# them; a dataset not here is not estimated
+IMAGE_SHAPES = {"fashion-mnist": (1, 28, 10), "mnist": (1, 28, 10), "cifar10": (3, 32, 10),
+                "synthetic-images": (1, 16, 10)}
+GIB = 2**30
 
 
 class ScenarioError(ValueError):
@@ -160,6 +166,45 @@ def _norm_layers_build(protocol: type, widths: tuple[int, ...], gn_groups: int) 
     except (ValueError, RuntimeError):
         return False
     return True
+
+
+@functools.lru_cache(maxsize=64)  # per model class and input: scenario files validate hundreds of times
+def _model_size(cls: type, in_channels: int, image_size: int, num_classes: int) -> tuple[int, int] | None:
+    """(values every layer outputs for one example, parameters) of a model, measured by one
+    forward on the meta device (no memory); None where the model cannot be made or run so."""
+    from torch import nn
+
+    from .protocols.base import Protocol
+
+    class Plain(Protocol):  # a normalization's output has its input's shape, whatever the protocol
+        def norm_layer(self, channels, gn_groups=2):
+            return nn.Identity()
+
+    values = 0
+    def count(module, inputs, output):
+        nonlocal values
+        values += output.numel() if isinstance(output, torch.Tensor) else 0
+    try:
+        with torch.device("meta"):
+            model = cls(Plain(), in_channels, image_size, num_classes, gn_groups=1, dropout=0.0)
+            for m in model.modules():
+                if not any(m.children()):
+                    m.register_forward_hook(count)
+            model(torch.zeros(1, in_channels, image_size, image_size))
+    except Exception:  # noqa: BLE001 (a user's model that fails here is checked when the run builds it)
+        return None
+    return values, sum(p.numel() for p in model.parameters())
+
+
+@functools.cache
+def device_memory(device: str) -> int | None:
+    """Bytes of memory of `device` (the machine's for the CPU); None where unknown."""
+    if device != "cpu":
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system that tells
+        return None
 
 
 @dataclass
@@ -331,6 +376,7 @@ class Scenario:
         self._check_data_size()
         self._check_norm_layers(protocol)
         protocol.check(self)
+        self._check_memory()
         return self
 
     def _resolved(self, name: str, find):
@@ -427,6 +473,41 @@ class Scenario:
         most = pool // each + (0 if self.byzantine_hold_data else self.f)
         raise ScenarioError("n", f"every client holding data needs {need}: {where} allow n <= {most} "
                                  f"(f = {self.f}), got {self.n}")
+
+    def memory_estimate(self) -> tuple[int, str, str] | None:
+        """(bytes, the field that drives them, what they hold): a lower bound of one round's
+        memory, in float32: the layers' outputs of the examples computed at once (every client's
+        batch under vmap on an accelerator, one client's on the CPU, where clients run one by
+        one), every client's inputs, and the parameters once per computing client (gradients or
+        FedAvg's copies) and once per client's message. None for a dataset or model not sized."""
+        shape = IMAGE_SHAPES.get(self.dataset)
+        size = shape and _model_size(model_class(self.model), *shape)
+        if not size:
+            return None
+        (channels, side, _), (activations, params) = shape, size
+        union = get_protocol(self.norm).union_batch
+        clients = (1 if union else self.honest_per_round) + (self.f if self.byzantine_hold_data else 0)
+        batch = self.batch_size * (self.honest if union else 1)
+        at_once = clients if self.device != "cpu" else 1
+        examples = 4 * batch * (activations * at_once + channels * side * side * clients)
+        copies = 4 * params * (clients + self.n)
+        if copies > examples:
+            return examples + copies, "n", f"{params:,} parameters of {self.model!r} for each of n={self.n} clients"
+        through = f"through {self.model!r} on {channels}x{side}x{side} images"
+        what = (f"the {self.honest} clients' batches as one of {batch} {through}" if union else
+                f"{clients} clients x batch_size={batch} {through} at once" if at_once > 1 else
+                f"batch_size={batch} {through}, {clients} clients one by one")
+        return examples + copies, "batch_size", what
+
+    def _check_memory(self) -> None:
+        """Refuse a round that clearly cannot fit in the device's memory (it would be killed
+        mid-run): only where even `memory_estimate`'s lower bound exceeds it."""
+        estimate, total = self.memory_estimate(), device_memory(self.device)
+        if estimate is not None and total is not None and estimate[0] > total:
+            need, name, what = estimate
+            where = "the machine" if self.device == "cpu" else self.device
+            raise ScenarioError(name, f"this scenario needs about {need / GIB:,.1f} GiB for one round ({what}), "
+                                      f"{where} has {total / GIB:,.1f} GiB")
 
     def _check_norm_layers(self, protocol) -> None:
         """The protocol's normalization layers build for the model's widths with gn_groups

@@ -2,9 +2,12 @@
 line naming the option, path or field, no traceback, and nothing written where nothing should be."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from robustbn.cli import main
 
@@ -161,3 +164,155 @@ def test_a_step_without_a_constructor_takes_no_parameters(scenario, tmp_path, ca
 ])
 def test_check_aggregator_bad_options(capsys, argv, words):
     one_line_error(capsys, main(["check-aggregator", *argv, "--examples", "2"]), *words)
+
+
+# ---- loop counts inside a round: a stop request waits for the round's end (issue 22) --------
+
+@pytest.mark.parametrize("agg, params, words", [
+    ("cc", "{iters=100000000000}", ["cc: iters must be an integer in [1, 10000]", "stop request"]),
+    ("cc", "{iters=1e20}", ["cc: iters must be an integer in [1, 10000]", "got 1e+20"]),
+    ("geomed", "{iters=10001}", ["geomed: iters must be an integer in [1, 10000]"]),
+    ("dnc", "{niters=10001}", ["dnc: niters must be an integer in [1, 10000]"]),
+    ("mda", "{max_subsets=100000000000}", ["mda: max_subsets must be an integer in [1, 10000000]"]),
+])
+def test_an_endless_round_is_refused_before_it_runs(scenario, tmp_path, capsys, agg, params, words):
+    one_line_error(capsys, main(["run", str(scenario), "--db", str(tmp_path / "n.sqlite"), "--set", "f=1",
+                                 "--set", f"grad_agg={agg}", "--set", f"grad_agg_params={params}"]),
+                   "'grad_agg_params'", *words)
+    one_line_error(capsys, main(["run", str(scenario), "--db", str(tmp_path / "n.sqlite"), "--set", "f=1",
+                                 "--set", "grad_attack=opt-alie", "--set", "grad_attack_params={steps=100000}"]),
+                   "'grad_attack_params'", "opt-alie: steps must be an integer in [2, 10000]")
+    one_line_error(capsys, main(["run", str(scenario), "--db", str(tmp_path / "n.sqlite"), "--set", "algorithm=fedavg",
+                                 "--set", "local_steps=1000000"]), "'local_steps'", "<= 10000", "stop request")
+    assert not (tmp_path / "n.sqlite").exists()
+
+
+def _loop_counts():
+    """(kind, name, parameter) of every built-in rule, attack and client filter parameter that
+    counts a loop or a search run each round, found by name."""
+    import inspect
+    import re
+
+    import aggregators
+    import attacks
+    from robustbn import filters
+
+    kinds = {"agg": {**aggregators.AGGREGATORS, **aggregators.PRE_AGGREGATORS}, "attack": attacks.ATTACKS,
+             "filter": filters.FILTERS}
+    found = [(kind, name, p) for kind, classes in kinds.items() for name, cls in classes.items()
+             for p in inspect.signature(cls.__init__).parameters if re.search(r"iter|steps|subsets|halvings", p)]
+    assert {("agg", "cc", "iters"), ("agg", "geomed", "iters"), ("attack", "bn-kl", "z_steps"),
+            ("filter", "bnguard", "iters")} <= set(found)
+    return found
+
+
+@pytest.mark.parametrize("kind, name, param", _loop_counts())
+def test_every_loop_count_has_an_upper_bound(kind, name, param):
+    import aggregators
+    import attacks
+    from robustbn import filters
+
+    build = {"agg": lambda **p: aggregators.build(name, f=1, **p), "attack": lambda **p: attacks.build(name, pipeline=len, **p),
+             "filter": lambda **p: filters.build(name, **p)}[kind]
+    with pytest.raises(ValueError, match=rf"{param} must be an integer in \[\d+, \d+\]"):
+        build(**{param: 10**12})
+
+
+# ---- a round far beyond the machine's memory: refused with the estimate, not OOM-killed ------
+
+GIB = 2**30
+
+
+def test_a_round_beyond_the_machine_memory_is_refused(scenario, tmp_path, capsys):
+    one_line_error(capsys, main(["run", str(scenario), "--db", str(tmp_path / "n.sqlite"), "--set", "model=cnn",
+                                 "--set", "batch_size=1000000000"]),
+                   "'batch_size': this scenario needs about", "GiB for one round", "through 'cnn' on 1x16x16 images",
+                   "the machine has")
+    assert not (tmp_path / "n.sqlite").exists()
+
+
+def test_the_memory_estimate_and_its_bound(scenario, capsys, monkeypatch):
+    """On a machine of 8 GiB: simple-cnn on 1x16x16 images leaves 23,818 values per example, and
+    the 4 clients' inputs 4 x 256 more: 4 bytes x 100,000 x 24,842 = 9.25 GiB is refused, half
+    of it taken; the parameters once per client and per message refuse a large n alike."""
+    monkeypatch.setattr("robustbn.scenario.device_memory", lambda device: 8 * GIB)
+    one_line_error(capsys, main(["list", str(scenario), "--set", "batch_size=100000"]),
+                   "'batch_size': this scenario needs about 9.3 GiB for one round (batch_size=100000 through "
+                   "'simple-cnn' on 1x16x16 images, 4 clients one by one), the machine has 8.0 GiB")
+    assert main(["list", str(scenario), "--set", "batch_size=50000"]) == 0
+    monkeypatch.setattr("robustbn.scenario.device_memory", lambda device: GIB)
+    one_line_error(capsys, main(["list", str(scenario), "--set", "model=cnn", "--set", "n=300"]),
+                   "'n': this scenario needs about 1.2 GiB", "522,570 parameters of 'cnn' for each of n=300 clients",
+                   "the machine has 1.0 GiB")
+    assert main(["list", str(scenario), "--set", "model=cnn", "--set", "n=200"]) == 0
+
+
+def test_every_shipped_scenario_fits_a_small_machine(monkeypatch):
+    """The estimate refuses only what is clearly beyond: every shipped scenario validates on a
+    machine of 2 GiB (the largest needs about 1.3), and would on a GPU of 2 GiB."""
+    import dataclasses
+
+    from robustbn.matrix import load
+    from robustbn.scenario import _model_size
+
+    monkeypatch.setattr("robustbn.scenario.device_memory", lambda device: 2 * GIB)
+    files = sorted((Path(__file__).parent.parent / "scenarios").glob("*.toml"))
+    assert len(files) >= 8
+    scenarios = [sc for path in files for sc in load(path)[1]]
+    assert max(dataclasses.replace(sc, device="cuda").memory_estimate()[0] for sc in scenarios) <= 2 * GIB
+    misses = _model_size.cache_info().misses
+    for path in files:  # validated again: the models' sizes come from the cache
+        load(path)
+    assert _model_size.cache_info().misses == misses
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_round_beyond_the_gpu_memory_is_refused(scenario, tmp_path, capsys):
+    one_line_error(capsys, main(["list", str(scenario), "--set", "device=cuda", "--set", "batch_size=10000000"]),
+                   "'batch_size'", "4 clients x batch_size=10000000 through 'simple-cnn' on 1x16x16 images at once",
+                   "cuda has")
+    assert main(["list", str(scenario), "--set", "device=cuda", "--set", "batch_size=1000"]) == 0
+
+
+# ---- --where with a list: any of its values ----------------------------------------------
+
+def test_where_with_a_list_keeps_any_of_its_values(scenario, tmp_path, capsys):
+    import json
+
+    db = str(tmp_path / "r.sqlite")
+    assert main(["run", str(scenario), "--db", db, "--quiet", "--set", "n=[4,5,6]", "--set", "rounds=2",
+                 "--set", "eval_every=2"]) == 0
+    capsys.readouterr()
+    for where, ns in [("n=[4,5]", [4, 5]), ("n=[6]", [6]), ("n=5", [5]), ("n=[5, 7]", [5]),
+                      ("norm=[fbn, naive]", [4, 5, 6]), ('norm=["naive"]', [])]:
+        assert main(["results", "--db", db, "--format", "json", "--where", where]) == 0
+        assert sorted(r["n"] for r in json.loads(capsys.readouterr().out)) == ns, where
+    assert main(["results", "--db", db, "--where", "n=[4,5]", "--where", "n=[5,6]"]) == 0  # every filter holds
+    assert capsys.readouterr().out.strip().endswith("1 runs")
+    one_line_error(capsys, main(["results", "--db", db, "--where", "n=[]"]), "--where n=[]", "matches no run")
+    for command in (["results"], ["plot", "curves", "--out", "x.png"]):
+        assert main([*command, "--help"]) == 0
+        assert "a list is any of its values" in " ".join(capsys.readouterr().out.split())
+
+
+# ---- argparse's own usage errors: one line, not the usage block --------------------------
+
+@pytest.mark.parametrize("argv, words", [
+    (["rn"], ["robustbn: argument COMMAND: invalid choice: 'rn'", "(see robustbn --help)"]),
+    (["--bogus"], ["robustbn: unrecognized arguments: --bogus (see robustbn --help)"]),
+    (["run"], ["robustbn run: the following arguments are required: file (see robustbn run --help)"]),
+    (["run", "s.toml", "--bogus", "1"], ["robustbn run: unrecognized arguments: --bogus 1 (see robustbn run --help)"]),
+    (["run", "s.toml", "--jobs", "two"], ["robustbn run: argument --jobs: invalid int value: 'two'"]),
+    (["results", "--format", "xml"], ["robustbn results: argument --format: invalid choice: 'xml'",
+                                      "(see robustbn results --help)"]),
+    (["plot", "curves"], ["robustbn plot: the following arguments are required: --out (see robustbn plot --help)"]),
+    (["check-aggregator", "median", "--f"], ["robustbn check-aggregator: argument --f: expected one argument"]),
+])
+def test_usage_errors_are_one_line(capsys, argv, words):
+    one_line_error(capsys, main(argv), *words)
+
+
+def test_a_usage_error_exits_2_from_the_shell():
+    p = subprocess.run([sys.executable, "-m", "robustbn.cli", "list"], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr == "robustbn list: the following arguments are required: file " \
+                                             "(see robustbn list --help)\n" and p.stdout == ""
