@@ -11,6 +11,8 @@ convex combinations or order statistics of the inputs.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from .checks import generator as check_generator
@@ -138,6 +140,7 @@ class Rule:
     scale_equivariant = False  # F(c x) = c F(x), c > 0
     coordinatewise = False  # each output coordinate lies in the honest messages' range
     selects_by_score = False  # outputs rows chosen by a distance score (Krum): what Fang's Krum attack targets
+    stateful = False  # keeps state across calls (cclust's norms seen), left as it was while `recording` is False
 
     def kappa(self, n: int, f: int) -> float | None:
         """The (f, kappa)-robustness constant the rule is proven to have for n messages
@@ -164,3 +167,31 @@ class Rule:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
         return f"{type(self).__name__}({args})"
+
+
+def _stateful_steps(aggregate) -> list:
+    """The `stateful` steps of a pipeline or rule (anything else callable: none)."""
+    steps = [*aggregate.pre, aggregate.agg] if hasattr(aggregate, "agg") else [aggregate]  # a pipeline or not
+    return [s for s in steps if getattr(s, "stateful", False)]
+
+
+def is_stateful(aggregate) -> bool:
+    """Whether a pipeline or rule has a step whose state its calls change: one such pipeline
+    cannot stand in for another, equal one."""
+    return bool(_stateful_steps(aggregate))
+
+
+@contextmanager
+def trials(*aggregates):
+    """Calls within are trials (an attack searching against the pipelines, candidates scored):
+    the `stateful` steps of these pipelines or rules aggregate with their state and leave it as
+    it was (`recording = False`), so that only the server's own calls change it."""
+    steps = list({id(s): s for a in aggregates for s in _stateful_steps(a)}.values())
+    before = [s.recording for s in steps]
+    for s in steps:
+        s.recording = False
+    try:
+        yield
+    finally:
+        for s, b in zip(steps, before):
+            s.recording = b

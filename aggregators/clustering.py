@@ -23,7 +23,7 @@ import torch
 
 from .base import Generated, Rule, working_dtype
 from .catalogue import _directions
-from .checks import real
+from .checks import choice, real
 from .rules import _median
 
 
@@ -162,24 +162,75 @@ class SignGuard(Rule, Generated):
         return (w @ working_dtype(x)).to(x.dtype)
 
 
+def _merged(seen: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """The ascending values of `seen` (ascending) and `new` together: one merge, no sort of
+    the whole."""
+    new = new.sort().values
+    k, m = len(seen), len(new)
+    out = torch.empty(k + m, dtype=seen.dtype, device=seen.device)
+    # each value's place: its index among its own plus the other's values before it (new first on ties)
+    out[torch.searchsorted(new, seen, right=True) + torch.arange(k, device=seen.device)] = seen
+    out[torch.searchsorted(seen, new) + torch.arange(m, device=seen.device)] = new
+    return out
+
+
 class ClippedClustering(Rule):
     """Clipped clustering (Li, Ngai and Voigt 2023, "An Experimental Study of Byzantine-Robust
-    Aggregation Schemes in Federated Learning"; Blades' ClippedClustering): rows are
-    clipped to the median row norm of this round (stateless: Blades clips at the median of every
-    norm seen in all rounds so far, capped at 1e5); the clipped rows are clustered into two
-    groups by agglomerative clustering with average linkage on cosine distances 1 - cos(g_i,
-    g_j) (a zero row has cosine 0 with every row); the output is the mean of the larger group's
-    clipped rows (equal sizes: see the module). Runs its clustering on the host."""
+    Aggregation Schemes in Federated Learning"; Blades' ClippedClustering): rows are clipped to
+    a threshold (below); the clipped rows are clustered into two groups by agglomerative
+    clustering with average linkage on cosine distances 1 - cos(g_i, g_j) (a zero row has
+    cosine 0 with every row); the output is the mean of the larger group's clipped rows (equal
+    sizes: see the module). Runs its clustering on the host.
+
+    threshold = "history" (default, the paper's): the median of every row norm this rule has
+    aggregated, in all calls so far and this one (held in `seen`, ascending float64, so that
+    checkpoints carry it). Only finite norms enter it (after sanitizing, only a float64 row
+    near its limit has an infinite one): an infinite norm, once kept, would count against the
+    honest norms in every later round. If none has been seen, this call's median norm. Blades
+    caps the threshold at 1e5; here it is not capped: a fixed cap is in the messages' units (it
+    would break scale equivariance, and never binds at a gradient's scale), and the median
+    needs none while fewer than half the norms seen are Byzantine (it then lies between two
+    honest ones). Memory grows by n values a call (10^4 rounds of 100 clients: 8 MB), which the
+    paper's scale affords: a median over all the values seen needs them all. The calls of an
+    attack searching against the pipeline are trials: inside `aggregators.trials` (`recording =
+    False`) they use the history and leave it as it was. threshold = "round": this call's
+    median row norm, stateless."""
 
     name = "cclust"
     vmappable = False
-    scale_equivariant = True
+
+    def __init__(self, threshold: str = "history"):
+        self.threshold = choice(self.name, "threshold", threshold, ("history", "round"))
+        self.stateful = self.recording = threshold == "history"
+        self._seen = torch.zeros(0, dtype=torch.float64)
+        # declared from a fresh history (as identity on identical rows, which holds then): F(c x)
+        # = c F(x) also holds from one, but not on a rule that has seen x, as the kit reuses it
+        self.scale_equivariant = threshold == "round"
+
+    @property
+    def seen(self) -> torch.Tensor:
+        """The finite row norms aggregated so far, ascending (float64)."""
+        return self._seen
+
+    def clip_threshold(self, scale: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        """The norm the rows are clipped to, in the rows' dtype; "history": adds this call's
+        finite norms to those seen, when recording."""
+        if self.threshold == "round":
+            return _median_norm(scale * length)
+        norm = scale.double() * length.double()  # exact for float32 rows: no overflow at 1e38
+        seen = _merged(self._seen.to(norm.device), norm[torch.isfinite(norm)])
+        if self.recording:
+            self._seen = seen
+        if not len(seen):  # nothing finite yet
+            return _median_norm(scale * length)
+        k = len(seen)
+        return ((seen[(k - 1) // 2] + seen[k // 2]) / 2).to(scale.dtype)
 
     def kept(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(mask (n,) bool of the group kept, clip factors (n,))."""
         xw = working_dtype(x)
         unit, scale, length = _directions(xw)
-        factor = _clip_factors(scale, length, _median_norm(scale * length))
+        factor = _clip_factors(scale, length, self.clip_threshold(scale, length))
         cos = (unit @ unit.T).clamp(-1.0, 1.0)
         distances = (1.0 - cos).double().cpu().numpy()
         distances = (distances + distances.T) / 2

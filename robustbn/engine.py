@@ -91,7 +91,8 @@ class Channel:
         With no attack on this channel the Byzantine clients send nothing on it."""
         if not self.sends:
             return honest
-        byzantine = own if self.holds_data else self.attack(honest, self.f)
+        with aggregators.trials(self.pipeline):  # the attack's calls of the pipeline leave its state as it was
+            byzantine = own if self.holds_data else self.attack(honest, self.f)
         return torch.cat([honest, byzantine.to(honest.dtype)])
 
     def pipeline_for(self, m: int, n: int) -> aggregators.Pipeline:
@@ -344,9 +345,10 @@ class Federation:
         G candidate message sets of one BN channel (`vary`: (G, m, C)), the other channel's
         messages fixed: attacks.statistics.gaussian_kl, through the real pipelines and update."""
         def update(msg_mean, msg_var):
-            return self.protocol.server_stats(self.shared_mean, self.shared_var, msg_mean, msg_var, self.count,
-                                              self.sc.n, self.sc.bn_momentum, self.mean_channel.pipeline,
-                                              self.var_channel.pipeline)
+            with aggregators.trials(self.mean_channel.pipeline, self.var_channel.pipeline):  # candidates: trials
+                return self.protocol.server_stats(self.shared_mean, self.shared_var, msg_mean, msg_var, self.count,
+                                                  self.sc.n, self.sc.bn_momentum, self.mean_channel.pipeline,
+                                                  self.var_channel.pipeline)
         in_dims = (0, None) if vary == "mean" else (None, 0)
         if all(c.pipeline.vmappable and not c.pipeline.random for c in (self.mean_channel, self.var_channel)):
             shared_mean, shared_var = torch.vmap(update, in_dims=in_dims)(mean, var)
@@ -377,7 +379,8 @@ class Federation:
         key = {id(c.pipeline): c.key for c in (self.mean_channel, self.var_channel)}
         kind = lambda agg: key.get(id(agg), id(agg))  # a filtered pipeline is interchangeable with itself only
         (first, x0), *_ = calls
-        if first.random or any(kind(agg) != kind(first) or x.shape != x0.shape for agg, x in calls):
+        if first.random or aggregators.is_stateful(first) or \
+                any(kind(agg) != kind(first) or x.shape != x0.shape for agg, x in calls):
             return [agg(x) for agg, x in calls]
         return list(first.stacked(torch.stack([x for _, x in calls])))
 

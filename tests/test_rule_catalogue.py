@@ -205,10 +205,10 @@ def clip_to(x, threshold):
     return x * factor[:, None]
 
 
-def ref_cclust(x):
-    """Li et al. 2023 (Blades' ClippedClustering, this round's median norm): clip to the median
-    norm, average-linkage clustering on cosine distances into two, mean of the larger group."""
-    clipped = clip_to(x, np.median(np.linalg.norm(x, axis=1)))
+def ref_cclust(x, threshold=None):
+    """Li et al. 2023 (Blades' ClippedClustering): clip to `threshold` (None: this round's median
+    norm), average-linkage clustering on cosine distances into two, mean of the larger group."""
+    clipped = clip_to(x, np.median(np.linalg.norm(x, axis=1)) if threshold is None else threshold)
     n = len(x)
     dist = np.zeros((n, n))
     for i, j in itertools.combinations(range(n), 2):
@@ -216,6 +216,15 @@ def ref_cclust(x):
         cos = x[i] @ x[j] / (ni * nj) if ni > 0 and nj > 0 else 0.0
         dist[i, j] = dist[j, i] = 1 - np.clip(cos, -1, 1)
     return clipped[pick_group(average_linkage_two_groups(dist), clipped)].mean(0)
+
+
+def ref_cclust_rounds(rounds):
+    """Li et al.'s threshold: round t clips at the median of every norm of rounds 1 to t."""
+    seen, out = [], []
+    for x in rounds:
+        seen.extend(np.linalg.norm(x, axis=1))
+        out.append(ref_cclust(x, np.median(seen)))
+    return out
 
 
 def ref_signguard(x, columns, lower=0.1, upper=3.0):
@@ -289,7 +298,154 @@ def test_fltrust_matches_reference(case, seed, scale):
 @given(case=sets(max_f=3, d=(2, 8)))
 def test_cclust_matches_reference(case):
     x, _ = case
-    close(A.build("cclust")(x), ref_cclust(x.numpy()))
+    close(A.build("cclust")(x), ref_cclust(x.numpy()))  # a first round: the history is this round's norms
+
+
+@st.composite
+def rounds_of_sets(draw):
+    """2 to 4 rounds of message sets of one width, each at its own scale (so that the norms of
+    the earlier rounds move the threshold)."""
+    d = draw(st.integers(2, 6))
+    out = []
+    for _ in range(draw(st.integers(2, 4))):
+        x, _ = draw(sets(max_f=2, d=(d, d)))
+        out.append(x * draw(st.sampled_from([0.1, 1.0, 10.0])))
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(rounds=rounds_of_sets())
+def test_cclust_history_and_round_thresholds_match_their_references_over_rounds(rounds):
+    history, per_round = A.build("cclust"), A.build("cclust", threshold="round")
+    for x, want in zip(rounds, ref_cclust_rounds([x.numpy() for x in rounds])):
+        close(history(x), want)
+        close(per_round(x), ref_cclust(x.numpy()))  # the option: this round's median, as before
+    close(history.agg.seen, sorted(torch.cat(rounds).norm(dim=1).tolist()))
+    assert len(per_round.agg.seen) == 0 and not per_round.agg.stateful
+
+
+def test_cclust_clips_at_the_median_of_the_norms_seen_by_hand():
+    x = torch.tensor([[1.0, 0.0]] * 3, dtype=torch.float64)
+    history, per_round = A.build("cclust"), A.build("cclust", threshold="round")
+    close(history(x), [1.0, 0.0])
+    close(per_round(x), [1.0, 0.0])
+    # norms seen: three 1s and three 10s, median 5.5; this round's alone: 10
+    close(history(10 * x), [5.5, 0.0])
+    close(per_round(10 * x), [10.0, 0.0])
+
+
+def test_cclust_trial_calls_see_the_history_and_leave_it():
+    rounds = [randn(s, 7, 3) * c for s, c in ((0, 1.0), (1, 10.0), (2, 0.1))]
+    p, twin = A.build("nnm+cclust", f=2), A.build("nnm+cclust", f=2)
+    for x in rounds[:2]:
+        p(x), twin(x)
+    seen = p.agg.seen.clone()
+    with A.trials(p):
+        with A.trials(p, p.agg):  # nested: the outer one's setting comes back
+            trial = p(rounds[2])
+        assert not p.agg.recording
+        p(rounds[2] * 1e3)
+    assert p.agg.recording and torch.equal(p.agg.seen, seen)
+    close(trial, twin(rounds[2]), tol=0)  # what the server's call gives, which records
+    close(p(rounds[2]), trial, tol=0)
+    assert torch.equal(p.agg.seen, twin.agg.seen) and len(seen) == 14 and len(twin.agg.seen) == 21
+    assert not A.is_stateful(A.build("cclust", threshold="round")) and A.is_stateful(p) and not A.is_stateful(len)
+
+
+def test_cclust_history_takes_finite_norms_only():
+    x = randn(3, 7, 4)
+    x[0] = 1e308  # finite entries, an infinite norm even in float64
+    x[1] = float("nan")  # sanitized to a zero row: norm 0
+    rule = A.build("cclust")
+    assert torch.isfinite(rule(x)).all()
+    assert len(rule.agg.seen) == 6 and torch.isfinite(rule.agg.seen).all() and rule.agg.seen[0] == 0
+    x32 = randn(4, 7, 4, dtype=torch.float32)
+    x32[0] = 1e38  # a float32 row whose norm overflows float32, not the float64 history
+    out = rule(x32)
+    assert torch.isfinite(out).all() and out.abs().max() < 1e3
+    assert len(rule.agg.seen) == 13 and rule.agg.seen[-1] == pytest.approx(2e38)
+    only_infinite = A.build("cclust")
+    close(only_infinite(torch.full((3, 4), 1e308, dtype=torch.float64)), [1e308] * 4)  # nothing to clip at
+    assert len(only_infinite.agg.seen) == 0
+
+
+@pytest.mark.parametrize("value", ["past", "", 1, None, ["round"]])
+def test_cclust_threshold_is_checked_in_one_line(value):
+    message = f"cclust: threshold must be one of 'history', 'round', got {value!r}"
+    with pytest.raises(ValueError) as e:
+        A.build("nnm+cclust", f=1, threshold=value)
+    assert str(e.value) == message
+    from robustbn.scenario import Scenario, ScenarioError
+    with pytest.raises(ScenarioError) as e:
+        Scenario.from_dict(dict(dataset="synthetic-images", n=5, f=1, grad_agg="cclust",
+                                grad_agg_params={"threshold": value}))
+    assert str(e.value) == f"grad_agg_params: {message}"
+
+
+def test_the_kit_holds_cclust_to_its_declarations_either_way():
+    history = {o.name: o.status for o in check("cclust", examples=20)}
+    per_round = {o.name: o.status for o in check("cclust", examples=20, threshold="round")}
+    assert "failed" not in history.values() and "failed" not in per_round.values()
+    assert per_round["positive-scale equivariance"] == "held"  # the history's norms are not rescaled with x
+    assert history["positive-scale equivariance"] == "not applicable"
+
+
+# ---- cclust's history in runs: trials, channels, checkpoints ------------------------------------
+
+RUN = dict(dataset="synthetic-images", model="simple-cnn", norm="fbn", partition="iid", n=5, f=1, rounds=4,
+           batch_size=8, eval_every=2, lr=0.05, seed=3)
+
+
+def test_a_run_records_the_servers_calls_only_each_channel_in_its_own_history():
+    from robustbn.data import load_dataset
+    from robustbn.engine import Federation
+    from robustbn.runner import federation_parts
+    from robustbn.scenario import Scenario
+    # attacks that call the pipelines: a line search on grad, bn-kl's candidates through both BN pipelines
+    sc = Scenario.from_dict({**RUN, "grad_attack": "opt-alie", "grad_attack_params": {"steps": 3},
+                             "grad_agg": "cclust", "bn_mean_attack": "bn-kl",
+                             "bn_mean_attack_params": {"z_steps": 3, "scale_steps": 2}, "bn_var_attack": "sf",
+                             "bn_agg": "cclust"})
+    data = load_dataset("synthetic-images")
+    fed = Federation(sc, data, federation_parts(sc, data.y_train.numpy()), vectorized=False)
+    for _ in range(2):
+        fed.step()
+    seen = [len(c.pipeline.agg.seen) for c in (fed.grad_channel, fed.mean_channel, fed.var_channel)]
+    # n messages a round; FBN's bn_mean pipeline aggregates the means and their spreads
+    assert seen == [2 * 5, 2 * 2 * 5, 2 * 5]
+
+
+def test_a_resumed_cclust_run_carries_the_history(tmp_path):
+    import signal
+
+    from robustbn.checkpoint import Checkpointer, Interrupted, clear_stop, request_stop
+    from robustbn.runner import run
+    from robustbn.scenario import Scenario
+    sc = Scenario.from_dict({**RUN, "grad_attack": "sf", "grad_agg": "cclust"})
+    whole = run(sc)
+    path = tmp_path / "2.pt"
+    try:
+        with pytest.raises(Interrupted):
+            run(sc, progress=lambda t: t == 2 and request_stop(signal.SIGTERM), checkpoint=Checkpointer(path, "h"))
+    finally:
+        clear_stop()
+    components = torch.load(path, weights_only=True)["federation"]["components"]
+    assert len(components["/channels/0/pipeline/agg/_seen"]["tensor"]) == 2 * 5
+    assert run(sc, checkpoint=Checkpointer(path, "h", every=0)).history == whole.history
+
+
+def test_cclust_history_survives_the_checkpoint_walk():
+    from robustbn.checkpoint import component_state, load_component_state
+    rounds = [randn(s, 9, 4) * c for s, c in ((0, 1.0), (1, 30.0), (2, 30.0), (3, 1.0))]
+    p = A.build("cclust")
+    for x in rounds[:3]:
+        p(x)
+    state = component_state({"pipeline": p})
+    fresh, blank = A.build("cclust"), A.build("cclust")
+    load_component_state({"pipeline": fresh}, state)
+    assert torch.equal(fresh.agg.seen, p.agg.seen) and len(fresh.agg.seen) == 27
+    close(fresh(rounds[3]), p(rounds[3]), tol=0)
+    assert not torch.allclose(blank(rounds[3]), p(rounds[3]))  # the history is what decides
 
 
 @st.composite
