@@ -9,7 +9,7 @@ import torch
 from .base import Rule, check_messages, check_reference, sanitize
 from .catalogue import CAF, SMEA, Bulyan, DnC, FLTrust, MinimumDiameterAveraging
 from .clustering import ClippedClustering, SignGuard
-from .plugins import is_reference, load
+from .plugins import resolve
 from .pre import ARC, NNM, Bucketing, Clipping
 from .rules import (
     CenteredClipping,
@@ -44,13 +44,9 @@ for _cls in (Mean, CoordinateWiseMedian, TrimmedMean, Krum, MultiKrum, Geometric
     register(_cls)
 
 
-def step_class(name: str) -> type[Rule] | None:
-    """The class of one spec step, a registered name or a `module:Name` reference (None: no
-    such name registered)."""
-    if is_reference(name):
-        return load(name, Rule, "aggregation step")
-    key = name.strip().lower()
-    return AGGREGATORS.get(key) or PRE_AGGREGATORS.get(key)
+def step_class(name: str) -> type[Rule]:
+    """The class of one spec step, a registered name or a `module:Name` reference."""
+    return resolve(name, {**PRE_AGGREGATORS, **AGGREGATORS}, Rule, "aggregation step")
 
 
 class Pipeline:
@@ -149,17 +145,18 @@ def build(spec: str, f: int = 0, n: int | None = None, seed: int | None = None, 
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"aggregation spec must be a non-empty string like 'nnm+median', got {spec!r}")
     names = [s.strip() for s in spec.split("+")]
-    classes = [step_class(name) for name in names]
+    try:
+        classes = [step_class(name) for name in names]
+    except ValueError as e:
+        raise ValueError(f"spec {spec!r}: {e}") from None
     *pre, last = classes
-    if last is None or last.pre:
-        hint = " (it is a pre-aggregator: end the spec with an aggregator)" if last is not None else ""
-        raise ValueError(f"unknown aggregator {names[-1]!r} in spec {spec!r}{hint}; "
-                         f"allowed: {', '.join(sorted(AGGREGATORS))} or 'module:Name'")
+    if last.pre:
+        raise ValueError(f"spec {spec!r}: {names[-1]!r} is a pre-aggregator: end the spec with an aggregator; "
+                         f"aggregators: {', '.join(AGGREGATORS)} or 'module:Name'")
     for name, cls in zip(names, pre):
-        if cls is None or not cls.pre:
-            hint = " (an aggregator: only the last step may be one)" if cls is not None else ""
-            raise ValueError(f"unknown pre-aggregator {name!r} in spec {spec!r}{hint}; "
-                             f"allowed: {', '.join(sorted(PRE_AGGREGATORS))} or 'module:Name'")
+        if not cls.pre:
+            raise ValueError(f"spec {spec!r}: {name!r} is an aggregator: only the last step may be one; "
+                             f"pre-aggregators: {', '.join(PRE_AGGREGATORS)} or 'module:Name'")
     accepted = set().union(*(_accepted(c) for c in classes))
     unknown = set(params) - accepted
     if unknown:

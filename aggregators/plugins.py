@@ -34,9 +34,9 @@ def is_reference(name) -> bool:
     return isinstance(name, str) and ":" in name
 
 
-def load(reference: str, base: type | tuple[type, ...] | None, what: str):
-    """The object `Name` of module `module` for the reference "module:Name"; with `base`, it
-    must be a subclass of it. A ValueError says what is wrong: the form, a missing module or
+def _load(reference: str, base, what: str):
+    """The object `Name` of module `module` for the reference "module:Name", checked against
+    `base` (see `resolve`). A ValueError says what is wrong: the form, a missing module or
     name, an import that failed, or an object of the wrong kind."""
     module_name, _, attr = reference.partition(":")
     module_name, attr = module_name.strip(), attr.strip()
@@ -57,18 +57,28 @@ def load(reference: str, base: type | tuple[type, ...] | None, what: str):
             raise ValueError(f"{what} {reference!r}: module {module_name!r} ({getattr(module, '__file__', '?')}) "
                              f"has no {attr!r}")
         obj = getattr(obj, part)
-    if base is not None and not (isinstance(obj, type) and issubclass(obj, base)):
-        bases = base if isinstance(base, tuple) else (base,)
-        kinds = " or ".join(f"{b.__module__}.{b.__qualname__}" for b in bases)
-        raise ValueError(f"{what} {reference!r}: {attr} is not a subclass of {kinds}")
+    if isinstance(base, (type, tuple)):
+        if not (isinstance(obj, type) and issubclass(obj, base)):
+            bases = base if isinstance(base, tuple) else (base,)
+            kinds = " or ".join(f"{b.__module__}.{b.__qualname__}" for b in bases)
+            raise ValueError(f"{what} {reference!r}: {attr} is not a subclass of {kinds}")
+    elif (why := base(obj)) is not None:
+        raise ValueError(f"{what} {reference!r}: {attr} {why}")
     return obj
 
 
-def lookup(name, registry: dict, base: type, what: str):
-    """The class registered as `name` in `registry`, or the one a `module:Name` reference
-    names (a subclass of `base`); a ValueError lists what is allowed."""
+def resolve(name, registry: dict, base, what: str):
+    """The entry of a catalogue named by `name`: a key of `registry` (matched as written, then
+    without surrounding spaces and case), or the object a `module:Name` reference names.
+
+    `base` says what a user's object must be: a class or tuple of classes (the object must be a
+    subclass), or a function object -> None (acceptable) or the reason it is not ("is not a
+    function data_dir -> Dataset"). `what` names the catalogue in errors ("attack", "norm
+    protocol"). Every failure is one ValueError line naming `name` and what is allowed."""
     if is_reference(name):
-        return load(name, base, what)
-    if not isinstance(name, str) or name not in registry:
-        raise ValueError(f"{name!r} is not allowed; allowed: {', '.join(registry)} or 'module:Name'")
-    return registry[name]
+        return _load(name, base, what)
+    if isinstance(name, str):
+        for key in (name, name.strip().lower()):
+            if key in registry:
+                return registry[key]
+    raise ValueError(f"unknown {what} {name!r}; allowed: {', '.join(registry)} or 'module:Name'")

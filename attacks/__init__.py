@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 
-from aggregators.plugins import is_reference, load
+from aggregators.plugins import resolve
 
 from .base import Attack
 from .basic import (
@@ -59,14 +59,7 @@ def names() -> tuple[str, ...]:
 def get(name: str) -> type[Attack] | None:
     """The class of the attack `name` (a registered name or a `module:Name` reference); None
     for "none". A ValueError names what is allowed."""
-    if is_reference(name):
-        return load(name, Attack, "attack")
-    key = name.strip().lower() if isinstance(name, str) else name
-    if key == "none":
-        return None
-    if key not in ATTACKS:
-        raise ValueError(f"unknown attack {name!r}; allowed: {', '.join(names())} or 'module:Name'")
-    return ATTACKS[key]
+    return resolve(name, {"none": None, **ATTACKS}, Attack, "attack")
 
 
 def build(name: str, seed: int | None = None, pipeline=None, **params) -> Attack | None:

@@ -124,10 +124,10 @@ def worst_case_tables(rows):
 
 def worst_case_attacks(rows):
     """Every attack of the worst-case matrix side by side, per gamma: rows norm and defense."""
-    from robustbn.worst import attack_short, defense_words
+    from robustbn.labels import attack_short, setting_defense_words
 
     for gamma in sorted({r["gamma"] for r in rows}):
-        pivot([r for r in rows if r["gamma"] == gamma], lambda r: f"{r['norm']}, {defense_words(r)}", attack_short,
+        pivot([r for r in rows if r["gamma"] == gamma], lambda r: f"{r['norm']}, {setting_defense_words(r)}", attack_short,
               f"**Each attack of the worst-case matrix, gamma = {gamma}: final test accuracy (%)**")
 
 

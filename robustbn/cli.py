@@ -245,7 +245,7 @@ def _report_added(db: str, store, counts: list[tuple[str, dict]]) -> None:
 def cmd_list(args) -> int:
     from .channels import expand_channels
     from .matrix import load
-    from .plots import varying
+    from .labels import varying
     from .store import scenario_hash
 
     values, scenarios = load(args.file, args.set)
@@ -260,7 +260,7 @@ def cmd_list(args) -> int:
 
 @_fail_cleanly
 def cmd_results(args) -> int:
-    from .plots import varying
+    from .labels import varying
     from .store import FINISHED, RESULT_COLUMNS, Store, export
 
     if args.worst_case and args.status not in (None, "done", "diverged"):

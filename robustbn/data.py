@@ -6,6 +6,7 @@ Sampling a mini-batch is index arithmetic on the device (no DataLoader in the ro
 from __future__ import annotations
 
 import gzip
+import inspect
 import math
 import os
 import shutil
@@ -17,8 +18,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from aggregators.plugins import is_reference
-from aggregators.plugins import load as plugin
+from aggregators.plugins import resolve
 
 PARTITIONS = ("iid", "gamma", "dirichlet", "shards", "feature-shift")
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -154,6 +154,21 @@ def synthetic_images(n_train: int = 2000, n_test: int = 500, num_classes: int = 
     return (*draw(n_train), *draw(n_test))
 
 
+def _not_a_loader(obj) -> str | None:
+    """Why `obj` is not a dataset loader (a function data_dir -> Dataset), or None. A class is
+    one only as a Dataset subclass built from data_dir (a model class is a common slip)."""
+    reason = "is not a function data_dir -> robustbn.data.Dataset"
+    if not callable(obj) or (isinstance(obj, type) and not issubclass(obj, Dataset)):
+        return reason
+    try:
+        inspect.signature(obj).bind(None)
+    except TypeError:
+        return f"{reason} (it cannot be called with one argument, data_dir)"
+    except ValueError:  # no signature to read (a builtin): calling it will tell
+        pass
+    return None
+
+
 DATASETS: dict[str, Callable] = {}
 TRAIN_SIZES: dict[str, int] = {}  # training examples of a registered dataset, where known
 
@@ -168,8 +183,8 @@ def register_dataset(name: str, train_size: int | None = None):
     if train_size is not None and (isinstance(train_size, bool) or not isinstance(train_size, int) or train_size < 1):
         raise ValueError(f"register_dataset: train_size must be an integer >= 1 or None, got {train_size!r}")
     def add(load):
-        if not callable(load):
-            raise TypeError(f"register_dataset: {load!r} is not callable")
+        if (why := _not_a_loader(load)) is not None:
+            raise TypeError(f"register_dataset: {load!r} {why}")
         DATASETS[name] = load
         TRAIN_SIZES.pop(name, None)
         if train_size is not None:
@@ -194,14 +209,7 @@ def train_size(name: str) -> int | None:
 def dataset_loader(name: str) -> Callable:
     """The loader of a registered dataset name or of a `module:Name` reference (a callable
     data_dir -> Dataset)."""
-    if is_reference(name):
-        load = plugin(name, None, "dataset")
-        if not callable(load):
-            raise ValueError(f"dataset {name!r}: not callable (a dataset is a function data_dir -> Dataset)")
-        return load
-    if not isinstance(name, str) or name not in DATASETS:
-        raise ValueError(f"{name!r} is not allowed; allowed: {', '.join(DATASETS)} or 'module:Name'")
-    return DATASETS[name]
+    return resolve(name, DATASETS, _not_a_loader, "dataset")
 
 
 def load_dataset(name: str, data_dir=None, device: str | torch.device = "cpu") -> Dataset:

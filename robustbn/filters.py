@@ -16,7 +16,7 @@ import inspect
 import torch
 
 from aggregators.checks import iterations
-from aggregators.plugins import lookup
+from aggregators.plugins import resolve
 
 
 class ClientFilter:
@@ -109,7 +109,7 @@ register(BNGuard)
 
 def get(name: str) -> type[ClientFilter]:
     """The filter class of a registered name or a `module:Name` reference."""
-    return lookup(name, FILTERS, ClientFilter, "client filter")
+    return resolve(name, FILTERS, ClientFilter, "client filter")
 
 
 def build(name: str, **params) -> ClientFilter:

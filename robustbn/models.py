@@ -8,12 +8,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aggregators.plugins import is_reference, load
+from aggregators.plugins import resolve
+
+from .protocols import Protocol, get
 
 
-
-def _protocol(norm):
-    from .protocols import get
+def _protocol(norm) -> Protocol:
     return get(norm)() if isinstance(norm, str) else norm
 
 
@@ -140,11 +140,7 @@ for _cls in (TableOneCNN, SimpleCNN, ResNet20):
 
 def model_class(name: str) -> type[nn.Module]:
     """The model class of a registered name or a `module:Name` reference."""
-    if is_reference(name):
-        return load(name, nn.Module, "model")
-    if not isinstance(name, str) or name not in MODELS:
-        raise ValueError(f"{name!r} is not allowed; allowed: {', '.join(MODELS)} or 'module:Name'")
-    return MODELS[name]
+    return resolve(name, MODELS, nn.Module, "model")
 
 
 def build_model(name: str, norm, in_channels: int, image_size: int, num_classes: int,
@@ -162,8 +158,6 @@ def norm_widths(name: str, in_channels: int = 3, image_size: int = 32, num_class
 
 @functools.lru_cache(maxsize=64)  # per class: scenario files validate the same model hundreds of times
 def _norm_widths(cls: type[nn.Module], in_channels: int, image_size: int, num_classes: int) -> tuple[int, ...] | None:
-    from .protocols.base import Protocol
-
     widths = set()
 
     class Recorder(Protocol):

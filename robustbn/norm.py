@@ -19,18 +19,12 @@ class FedBatchNorm(nn.Module):
     phase "train": the protocol's `normalize`; the layer keeps the (detached) batch mean and
     biased variance and the count K of values per channel in `batch_stats` and `count` for
     the engine to read. Phase "frozen" (FixBN's second stage) and "eval": the protocol's
-    `normalize_with_running`. `protocol` is a Protocol or a registered protocol's name.
+    `normalize_with_running`. `protocol` is a robustbn.protocols.Protocol (the layer lies below
+    the protocols: `robustbn.models.make_norm` builds one from a protocol's name).
     """
 
     def __init__(self, num_features: int, protocol, eps: float = 1e-5):
         super().__init__()
-        if isinstance(protocol, str):
-            from .protocols import PROTOCOLS
-            cls = PROTOCOLS.get(protocol)
-            if cls is None or not cls.uses_bn:
-                allowed = ", ".join(n for n, c in PROTOCOLS.items() if c.uses_bn)
-                raise ValueError(f"FedBatchNorm: mode must be one of {allowed}, got {protocol!r}")
-            protocol = cls()
         self.protocol, self.mode, self.eps, self.phase = protocol, protocol.name, eps, "train"
         self.weight = nn.Parameter(torch.ones(num_features))
         self.bias = nn.Parameter(torch.zeros(num_features))

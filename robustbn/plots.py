@@ -6,7 +6,6 @@ pooled: mean and spread (one std)."""
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from typing import Any
 
@@ -16,124 +15,31 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .channels import BN_CHANNEL_KEYS, BN_CHANNELS, NOT_ATTACKS, PARTS, expand_channels  # noqa: E402
+from .channels import BN_CHANNEL_KEYS, PARTS  # noqa: E402
+from .labels import (  # noqa: E402
+    NO_ATTACK,
+    NORM_COLORS,
+    OTHER_COLORS,
+    SUMMARY,
+    attack_words,
+    defense_words,
+    group,
+    hashable,
+    norm_order,
+    norm_words,
+    sort_key,
+    text,
+    varying,
+)
+from .worst import DEFENSE_FIELDS, RESULT, worst_case  # noqa: E402
 
 KINDS = ("curves", "heterogeneity", "heatmap", "worst-case")
-IGNORED = {"seed", "device", "data_dir"}
-SUMMARY = {"final_acc", "best_acc", "final_loss", "rounds_done", "resumed_from", "status", "wall_time_s", "hash",
-           "history", "error"}
-
-NORM_COLORS = {"naive": "tab:red", "fbn": "tab:blue", "fixbn": "tab:green", "hbn": "tab:purple",
-               "fedbn": "tab:brown", "central": "black", "gn": "tab:olive", "none": "tab:gray"}
-OTHER_COLORS = ("tab:orange", "tab:cyan", "tab:pink", "gold", "teal", "navy", "lime", "maroon")
-ATTACK_WORDS = {"sf": "SF", "foe": "FOE", "alie": "ALIE", "opt-foe": "opt-FOE", "opt-alie": "opt-ALIE",
-                "gaussian": "Gaussian noise", "nan": "NaN", "inf": "inf", "mimic": "mimic", "scale": "scaling"}
-CHANNEL_WORDS = {"grad": "the gradients", "bn_mean": "the mean", "bn_var": "the variance"}
-BN_WORDS = "the mean and variance"
-NO_ATTACK = "no attack"
 # the pipeline of the attacked channels: "mean" (undefended) solid, each other a dash pattern
 DEFENSE_STYLES = ((0, (5, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)), (0, (2, 2)), (0, (8, 2, 1, 2, 1, 2)),
                   (0, (3, 1, 1, 1)), (0, (10, 3)), (0, (1, 3)))
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p")
 
-
-def _hashable(v: Any) -> Any:
-    """A value usable as a dict key: dicts and lists (the *_params tables, lr_milestones) as
-    canonical JSON."""
-    return json.dumps(v, sort_keys=True, default=str) if isinstance(v, (dict, list)) else v
-
-
-def _text(v: Any) -> str:
-    return str(_hashable(v))
-
-
-def varying(rows: list[dict[str, Any]], exclude: set[str] = frozenset()) -> list[str]:
-    """Scenario fields that take more than one value among the rows (a field some rows lack
-    counts as None there)."""
-    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in SUMMARY | IGNORED | set(exclude)]
-    return [k for k in keys if len({repr(r.get(k)) for r in rows}) > 1]
-
-
-def group(rows, keys):
-    """Rows by their values of `keys` (dict- and list-valued fields by canonical JSON)."""
-    groups = defaultdict(list)
-    for r in rows:
-        groups[tuple(_hashable(r.get(k)) for k in keys)].append(r)
-    return groups
-
-
-# ---- words -------------------------------------------------------------------------------
-
-def _params(params: Any) -> str:
-    return f" ({', '.join(f'{k}={_text(v)}' for k, v in sorted(params.items()))})" if params else ""
-
-
-def channels(row: dict[str, Any]) -> dict[str, tuple[str, dict, str, dict]]:
-    """(attack, attack params, pipeline, pipeline params) of each channel that a run's clients
-    send: the gradients, and the BN statistics where the norm mode shares them. Old rows (only
-    `bn_attack` / `bn_agg`) read as both BN channels set alike."""
-    row = expand_channels(row)
-    from .protocols import PROTOCOLS
-    protocol = PROTOCOLS.get(row.get("norm"))  # a protocol this installation lacks: read as sending statistics
-    names = ["grad"] + (list(BN_CHANNELS) if protocol is None or protocol.sends_statistics else [])
-    return {c: tuple(row.get(f"{c}_{p}") if row.get(f"{c}_{p}") is not None else unset
-                     for p, unset in PARTS.items()) for c in names}
-
-
-def _by_channel(values: dict[str, str]) -> list[tuple[str, list[str]]]:
-    """Channels grouped by a shared value (e.g. the same attack), in channel order."""
-    out: dict[str, list[str]] = {}
-    for channel, value in values.items():
-        out.setdefault(value, []).append(channel)
-    return list(out.items())
-
-
-def _on(names: list[str]) -> str:
-    """ "on the mean", "on the mean and variance", "on the gradients and the variance", ..."""
-    if set(CHANNEL_WORDS) <= set(names):
-        return "on every channel"
-    if set(BN_CHANNELS) <= set(names):
-        return "on " + " and ".join([CHANNEL_WORDS[c] for c in names if c not in BN_CHANNELS] + [BN_WORDS])
-    return "on " + " and ".join(CHANNEL_WORDS[c] for c in names)
-
-
-def attack_words(row: dict[str, Any]) -> str:
-    """The attack in words: "SF on the mean", "ALIE on the gradients", "SF on the mean and
-    variance", "variance scaling", "ALIE on the gradients + SF on the mean and variance";
-    without an attack on any channel "no attack", or "no attack (7 honest)" where f > 0."""
-    attacked = {c: (a, ap) for c, (a, ap, _, _) in channels(row).items() if a not in NOT_ATTACKS}
-    if not attacked or not row.get("f"):
-        f, n = row.get("f") or 0, row.get("n")
-        return f"{NO_ATTACK} ({n - f} honest)" if f and n is not None else NO_ATTACK
-    phrases = []
-    for (name, params), names in _by_channel({c: (a, _text(ap)) for c, (a, ap) in attacked.items()}):
-        params = json.loads(params)
-        if name == "scale" and names == ["bn_var"]:
-            phrases.append("variance scaling" + _params(params))
-        else:
-            phrases.append(f"{ATTACK_WORDS.get(name, name)}{_params(params)} {_on(names)}")
-    return " + ".join(phrases)
-
-
-def defense_words(row: dict[str, Any]) -> str:
-    """The pipeline of the attacked channels (of every channel the clients send, without an
-    attack): "nnm+median", or per channel where they differ ("nnm+median on the mean, mean on
-    the variance"); "(built for f=2)" where `agg_f` differs from f."""
-    chans = channels(row)
-    attacked = [c for c, (a, *_) in chans.items() if a not in NOT_ATTACKS] if row.get("f") else []
-    pipelines = {c: spec + _params(params) for c, (_, _, spec, params) in chans.items() if c in attacked or not attacked}
-    grouped = _by_channel(pipelines)
-    words = grouped[0][0] if len(grouped) == 1 else ", ".join(f"{p} {_on(names)}" for p, names in grouped)
-    agg_f = row.get("agg_f")
-    return words + (f" (built for f={agg_f})" if agg_f is not None and agg_f != row.get("f") else "")
-
-
-def norm_words(norm: str) -> str:
-    from .protocols import PROTOCOLS
-    return PROTOCOLS[norm].label if norm in PROTOCOLS else norm
-
-
-# fields the words above say: where the words tell two groups apart, no "key=value" for them
+# fields the words say (robustbn.labels): where the words tell two groups apart, no "key=value" for them
 WORDED = {"norm", "f", "agg_f", "grad_attack", "grad_attack_params", "grad_agg", "grad_agg_params",
           *(f"bn_{p}" for p in PARTS), *BN_CHANNEL_KEYS}
 
@@ -168,7 +74,7 @@ class Legend:
             parts = [w[i] for i in shown]
             if 2 in shown and w[1].startswith(NO_ATTACK) and w[2] == "mean":
                 parts.remove(w[2])  # undefended and not attacked: "no attack" says it all
-            self.parts[k] = parts + [f"{self.keys[j]}={_text(k[j])}" for j in extra]
+            self.parts[k] = parts + [f"{self.keys[j]}={text(k[j])}" for j in extra]
             rest[k] = (w[1], tuple(k[j] for j in extra))
         norms = sorted({rs[0]["norm"] for rs in self.groups.values()} - set(NORM_COLORS))
         defenses = sorted({w[2] for w in self.words.values()} - {"mean"})
@@ -185,11 +91,10 @@ class Legend:
 
     @staticmethod
     def _order(row):
-        norms = list(NORM_COLORS)
         attack = attack_words(row)
-        return (norms.index(row["norm"]) if row["norm"] in norms else len(norms), row["norm"],
+        return (norm_order(row["norm"]),
                 not attack.startswith(NO_ATTACK), attack, defense_words(row) != "mean", defense_words(row),
-                repr(sorted((k, _text(v)) for k, v in row.items() if k not in SUMMARY)))
+                repr(sorted((k, text(v)) for k, v in row.items() if k not in SUMMARY)))
 
     def label(self, key: tuple, runs: list[dict[str, Any]], pooled: bool, suffix: str = "") -> str:
         words = ", ".join(self.parts[key] + ([suffix] if suffix else [])) or "all runs"
@@ -257,7 +162,7 @@ def heatmap(rows, fig):
     per norm mode."""
     attack_of = {id(r): attack_words(r) for r in rows}
     defense_of = {id(r): defense_words(r) for r in rows}
-    norms = sorted({r["norm"] for r in rows}, key=lambda n: (list(NORM_COLORS).index(n) if n in NORM_COLORS else 99, n))
+    norms = sorted({r["norm"] for r in rows}, key=norm_order)
     attacks = sorted(set(attack_of.values()), key=lambda a: (not a.startswith(NO_ATTACK), a))
     defenses = sorted(set(defense_of.values()), key=lambda d: (d != "mean", d))
     axes = fig.subplots(1, len(norms), squeeze=False)[0]
@@ -289,16 +194,14 @@ def worst_case_figure(rows):
     with the channels it hit ("SF (mean)"); "no attack" where f = 0, "no attack run" where
     f > 0 but no attack was run. Defenses whose words read alike in one panel and norm mode
     (e.g. agg_f unset and agg_f = f) are told apart by key=value."""
-    from .worst import DEFENSE_FIELDS, RESULT, norm_order, sort_key, worst_case
-
     table = worst_case(rows)
     panel_keys = varying(table, set(RESULT) | {"norm", "defense"} | DEFENSE_FIELDS)
-    panel_of = lambda t: tuple(_hashable(t.get(k)) for k in panel_keys)
+    panel_of = lambda t: tuple(hashable(t.get(k)) for k in panel_keys)
     label = {id(t): t["defense"] for t in table}
     for alike in group(table, [*panel_keys, "defense", "norm"]).values():
         for key in (varying(alike, set(RESULT) | {"norm", "defense"}) if len(alike) > 1 else []):
             for t in alike:
-                label[id(t)] += f", {key}={_text(t.get(key))}"
+                label[id(t)] += f", {key}={text(t.get(key))}"
     cells = {(panel_of(t), label[id(t)], t["norm"]): t for t in table}
     norms = sorted({t["norm"] for t in table}, key=norm_order)
     defenses = sorted(set(label.values()), key=lambda d: (d != "mean", d))
@@ -327,7 +230,7 @@ def worst_case_figure(rows):
         im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
         ax.set_xticks(range(len(norms)), [norm_words(m) for m in norms], rotation=30, ha="right")
         ax.set_yticks(range(len(defenses)), defenses if n == 0 else [""] * len(defenses))
-        ax.set_title("\n".join(f"{k}={_text(v)}" for k, v in zip(panel_keys, panel)) or "worst case over attacks",
+        ax.set_title("\n".join(f"{k}={text(v)}" for k, v in zip(panel_keys, panel)) or "worst case over attacks",
                      fontsize=9)
         ax.set_xlabel("norm protocol")
         if n == 0:

@@ -19,6 +19,7 @@ from aggregators.checks import MAX_ITERATIONS, as_float, is_integer
 
 from .channels import BN_CHANNEL_KEYS, BN_CHANNELS, CHANNELS, PARTS
 from .data import PARTITIONS, dataset_loader, train_size
+from .errors import ScenarioError
 from .models import model_class, norm_widths
 from .protocols import get as get_protocol
 
@@ -56,14 +57,6 @@ TYPES = {"str": str, "int": int, "bool": bool, "dict": dict, "list": list, "None
 IMAGE_SHAPES = {"fashion-mnist": (1, 28, 10), "mnist": (1, 28, 10), "cifar10": (3, 32, 10),
                 "synthetic-images": (1, 16, 10)}
 GIB = 2**30
-
-
-class ScenarioError(ValueError):
-    """A bad scenario value; `field` names the offending field."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 def type_names(annotation) -> set[str]:

@@ -13,7 +13,7 @@ The definition, exactly (`worst_case`):
   rows (alpha, model, algorithm, rounds, ...). `device` and `data_dir` do not make settings.
 - The **attack** of a run is its attack fields: `grad_attack`, `bn_mean_attack`,
   `bn_var_attack` and their `*_params` (old rows' `bn_attack` shorthand read as both BN
-  channels). A run with f > 0 attacks when some channel its clients send (`plots.channels`:
+  channels). A run with f > 0 attacks when some channel its clients send (`labels.channels`:
   the BN channels only where the norm protocol shares statistics) carries an attack other
   than `none` or `honest`. A run with f > 0 and no such channel is the setting's **no-attack
   baseline**, not an attack. A run with f = 0 has no attacker: it belongs to a setting of its
@@ -29,7 +29,7 @@ The definition, exactly (`worst_case`):
   accuracy (no attacker, nothing else can happen), with `attacks` = 0; with f > 0 and no
   attack run the worst case is unknown: None.
 
-No torch here (it reads results only; `robustbn` itself may import it).
+Words, orderings and value keys come from robustbn.labels (shared with the tables and plots).
 """
 
 from __future__ import annotations
@@ -39,7 +39,18 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from .channels import CHANNELS, NOT_ATTACKS, PARTS, expand_channels
+from .channels import CHANNELS, PARTS, expand_channels
+from .labels import (
+    NO_ATTACK,
+    attack_short,
+    attack_words,
+    hashable,
+    is_attack,
+    norm_order,
+    setting_defense_words,
+    sort_key,
+    varying,
+)
 
 # the attack fields of every channel (attack and its parameters), and the BN shorthands
 ATTACK_PARTS = tuple(p for p in PARTS if p.startswith("attack"))
@@ -69,13 +80,6 @@ def accuracy(row: dict[str, Any]) -> tuple[float, bool]:
     return (acc, False) if math.isfinite(acc) else (0.0, True)
 
 
-def _key(v: Any) -> Any:
-    """A value as a dict key: dicts and lists as canonical JSON, NaN as one value (NaN != NaN)."""
-    if isinstance(v, float) and math.isnan(v):
-        return "NaN"
-    return json.dumps(v, sort_keys=True, default=str) if isinstance(v, (dict, list)) else v
-
-
 def _filled(row: dict[str, Any]) -> dict[str, Any]:
     """Every channel spelled out, unset parts as their defaults (rows of old stores, and rows
     that left a field None, read alike)."""
@@ -87,51 +91,16 @@ def _filled(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def is_attack(row: dict[str, Any]) -> bool:
-    """f > 0 and some channel the clients send carries an attack (not `none` / `honest`)."""
-    from .plots import channels
-    return bool(row.get("f")) and any(a not in NOT_ATTACKS for a, *_ in channels(row).values())
-
-
-def defense_words(row: dict[str, Any]) -> str:
-    """The defense of a setting in words: the pipeline of every channel the clients send
-    (plots.defense_words of the run without its attack), and the client filter."""
-    from .plots import _params, defense_words as pipeline_words
-    words = pipeline_words({**row, **{f"{c}_attack": "none" for c in CHANNELS}, "bn_attack": "none"})
-    flt = row.get("client_filter")
-    if flt not in (None, "", "none"):
-        words += f" + {flt} filter{_params(row.get('client_filter_params') or {})}"
-    return words
-
-
-def attack_short(row: dict[str, Any]) -> str:
-    """The attack in a few characters, for a heatmap cell: "SF (mean)", "ALIE (grad)",
-    "SF (mean, var)", "ALIE (grad) + SF (mean, var)"; "no attack"."""
-    from .plots import ATTACK_WORDS, NO_ATTACK, _by_channel, channels
-    short = {"grad": "grad", "bn_mean": "mean", "bn_var": "var"}
-    attacked = {c: a for c, (a, *_) in channels(row).items() if a not in NOT_ATTACKS} if row.get("f") else {}
-    if not attacked:
-        return NO_ATTACK
-    return " + ".join(f"{ATTACK_WORDS.get(a, a)} ({', '.join(short.get(c, c) for c in names)})"
-                      for a, names in _by_channel(attacked))
-
-
 def _pool(runs: list[dict[str, Any]]) -> tuple[float, float, int]:
     """(mean over seeds, std over seeds, seeds) of runs' accuracies; runs repeating a seed
     are averaged into it first."""
     by_seed = defaultdict(list)
     for r in runs:
-        by_seed[_key(r.get("seed"))].append(accuracy(r)[0])
+        by_seed[hashable(r.get("seed"))].append(accuracy(r)[0])
     means = [sum(a) / len(a) for a in by_seed.values()]
     mean = sum(means) / len(means)
     # the sample std (divisor seeds - 1, 0 for one seed), as every table of docs/results.md
     return mean, math.sqrt(sum((m - mean) ** 2 for m in means) / max(len(means) - 1, 1)), len(means)
-
-
-def norm_order(norm: Any) -> tuple:
-    from .plots import NORM_COLORS
-    order = list(NORM_COLORS)
-    return (order.index(norm) if norm in order else len(order), str(norm))
 
 
 def setting_keys(rows: list[dict[str, Any]]) -> list[str]:
@@ -150,23 +119,21 @@ def worst_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     fields), attacks (how many), seeds (of the worst attack), diverged (runs of the setting
     counted as 0.0), no_attack_acc, no_attack_seeds. See the module's docstring for the
     definition."""
-    from .plots import NO_ATTACK, attack_words
-
     rows = [_filled(r) for r in rows if r.get("status", "done") in ("done", "diverged")]
     keys = setting_keys(rows)
     settings: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        settings[tuple(_key(r.get(k)) for k in keys)].append(r)
+        settings[tuple(hashable(r.get(k)) for k in keys)].append(r)
     table = []
     for runs in settings.values():
         first = runs[0]
         attacked, baseline = defaultdict(list), []
         for r in runs:
             if is_attack(r):
-                attacked[tuple(_key(r[k]) for k in ATTACK_FIELDS)].append(r)
+                attacked[tuple(hashable(r[k]) for k in ATTACK_FIELDS)].append(r)
             else:
                 baseline.append(r)
-        record = {"norm": first.get("norm"), "defense": defense_words(first), "f": first.get("f")}
+        record = {"norm": first.get("norm"), "defense": setting_defense_words(first), "f": first.get("f")}
         record.update({k: first.get(k) for k in keys if k not in record})
         no_attack = _pool(baseline) if baseline else None
         pooled = []
@@ -174,7 +141,7 @@ def worst_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             mean, std, seeds = _pool(pool)
             pooled.append((mean, attack_words(pool[0]), std, seeds, pool[0]))
         if pooled:
-            tie = lambda p: repr([_key(p[4][k]) for k in ATTACK_FIELDS])
+            tie = lambda p: repr([hashable(p[4][k]) for k in ATTACK_FIELDS])
             mean, words, std, seeds, r = min(pooled, key=lambda p: (p[0], p[1], tie(p)))
             worst = {"worst_acc": mean, "worst_std": std, "worst_attack": words, "worst_short": attack_short(r),
                      **{f"worst_{k}": r[k] for k in ATTACK_FIELDS}, "seeds": seeds}
@@ -193,24 +160,15 @@ def worst_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                         [sort_key(t.get(k)) for k in ["f", *keys]]))
 
 
-def sort_key(v: Any) -> tuple:
-    """A sort key for a field's values: numbers by value, then anything else by its text, None last."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and not (isinstance(v, float) and math.isnan(v)):
-        return (0, v, "")
-    return (1 if v is not None else 2, 0, str(_key(v)))
-
-
 def shown_columns(table: list[dict[str, Any]]) -> list[str]:
     """The columns of the printed table: norm, defense, f, every other setting field that
     varies (a field the defense words say only where the words do not tell settings apart),
     then the results (the raw attack fields and worst_short left to csv / json)."""
-    from .plots import varying
-
     if not table:
         return ["norm", "defense", "f", "worst_acc", "worst_attack", "attacks", "seeds", "no_attack_acc"]
     fields = [k for k in varying(table, set(RESULT) | {"norm", "defense", "f"})]
     columns = ["norm", "defense", "f"] + [k for k in fields if k not in DEFENSE_FIELDS]
-    if len({tuple(_key(t.get(k)) for k in columns) for t in table}) < len(table):
+    if len({tuple(hashable(t.get(k)) for k in columns) for t in table}) < len(table):
         columns += [k for k in fields if k in DEFENSE_FIELDS]
     return columns + ["worst_acc", "worst_std", "worst_attack", "attacks", "seeds", "diverged", "no_attack_acc"]
 

@@ -376,9 +376,10 @@ def test_cuda_matches_cpu(spec):
     ("nnm+median", 10, 10, "nnm: needs f < n"),
     ("krum", 4, 10, r"needs n > 2f \+ 2"),
     ("bucketing+median", 3, 9, r"median: needs f < n/2, got f=3, n=5"),
-    ("bogus", 1, 10, "unknown aggregator 'bogus'"),
-    ("median+nnm", 1, 10, "it is a pre-aggregator"),
-    ("foo+median", 1, 10, "unknown pre-aggregator 'foo'"),
+    ("bogus", 1, 10, "spec 'bogus': unknown aggregation step 'bogus'; allowed: nnm, bucketing"),
+    ("median+nnm", 1, 10, "'nnm' is a pre-aggregator: end the spec with an aggregator; aggregators: mean"),
+    ("foo+median", 1, 10, "unknown aggregation step 'foo'"),
+    ("median+mean", 1, 10, "'median' is an aggregator: only the last step may be one; pre-aggregators: nnm"),
     ("", 1, 10, "non-empty string"),
 ])
 def test_impossible_settings_are_clear_errors(spec, f, n, message):

@@ -13,6 +13,7 @@ from torch.func import functional_call
 import aggregators
 import attacks
 from robustbn.engine import _flat
+from robustbn.models import make_norm
 from robustbn.norm import FedBatchNorm, norm_layers
 from robustbn.protocols.fedwon import RELU_GAMMA, WSConv2d
 from test_engine import federation, state
@@ -36,7 +37,7 @@ def test_fedtan_with_mean_pipelines_and_no_attack_is_centralized_bn():
 def test_a_fedtan_layer_outside_a_vmap_is_one_client_with_its_own_statistics():
     """Alone (no vmap over clients), the pooled statistics are the batch's own: training-mode
     BN, values and gradients, with the batch statistics reported."""
-    layer = FedBatchNorm(3, "fedtan")
+    layer = make_norm("fedtan", 3)
     with torch.no_grad():
         layer.weight.copy_(torch.tensor([0.5, 1.0, 2.0]))
         layer.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))

@@ -66,7 +66,7 @@ def test_exclusion_reads_list_valued_fields_as_the_axes_do():
 @pytest.mark.parametrize("text, message", [
     ('colour = "blue"', "m.toml: unknown key 'colour'; allowed:"),
     ('rounds = "many"', "m.toml: key 'rounds': must be an integer >= 1, got 'many'"),
-    ('norm = ["fbn", "batchnorm"]', "key 'norm': 'batchnorm' is not allowed; allowed: naive, fbn"),
+    ('norm = ["fbn", "batchnorm"]', "key 'norm': unknown norm protocol 'batchnorm'; allowed: naive, fbn"),
     ('f = 5\nn = 10\ngrad_agg = "median"\ngrad_attack = "sf"', "key 'grad_agg': median: needs f < n/2"),
     ('rounds = [', "not valid TOML"),
     ('norm = []', "key 'norm' is an empty list"),
@@ -88,7 +88,7 @@ def run_cli(*args, check_rc=None):
 def test_invalid_file_exits_2_without_traceback(tmp_path):
     p = run_cli("run", str(write(tmp_path, 'norm = "bogus"')), "--db", str(tmp_path / "r.sqlite"))
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert "m.toml: key 'norm': 'bogus' is not allowed; allowed:" in p.stderr
+    assert "m.toml: key 'norm': unknown norm protocol 'bogus'; allowed:" in p.stderr
     assert not (tmp_path / "r.sqlite").exists()  # nothing ran, nothing written
     p = run_cli("list", str(tmp_path / "missing.toml"))
     assert p.returncode == 2 and "no such scenario file" in p.stderr

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from robustbn.models import MODELS, build_model
+from robustbn.models import MODELS, build_model, make_norm
 from robustbn.norm import FedBatchNorm, batch_moments, keep_finite, norm_layers
 from robustbn.protocols import get
 from robustbn.protocols.base import one_by_one
@@ -108,7 +108,7 @@ def test_server_keeps_old_values_for_non_finite_aggregates_and_floors_variances(
 
 @pytest.mark.parametrize("mode", ["naive", "fbn", "hbn", "fedbn"])
 def test_layer_normalizes_with_its_modes_statistics(mode):
-    layer = FedBatchNorm(3, mode)
+    layer = make_norm(mode, 3)
     layer.running_mean.fill_(1.0)
     layer.running_var.fill_(4.0)
     x = torch.randn(16, 3, 5, 5, generator=torch.Generator().manual_seed(0)) * 3 + 2
@@ -131,7 +131,7 @@ def test_layer_normalizes_with_its_modes_statistics(mode):
 
 
 def test_fbn_layer_sends_no_gradient_through_the_shared_statistics():
-    layer = FedBatchNorm(2, "fbn")
+    layer = make_norm("fbn", 2)
     x = torch.randn(8, 2, requires_grad=True)
     layer(x).sum().backward()
     torch.testing.assert_close(x.grad, torch.ones_like(x) / math.sqrt(1 + layer.eps))
@@ -210,7 +210,7 @@ def test_layer_on_cuda_reports_and_normalizes_as_on_the_cpu(mode):
     x = torch.randn(16, 3, 5, 5, generator=torch.Generator().manual_seed(0)) * 3 + 2
     outs = {}
     for device in ("cpu", "cuda"):
-        layer = FedBatchNorm(3, mode).to(device)
+        layer = make_norm(mode, 3).to(device)
         layer.running_mean.fill_(1.0)
         layer.running_var.fill_(4.0)
         xd = x.to(device).requires_grad_()

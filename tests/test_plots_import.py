@@ -10,7 +10,8 @@ import matplotlib.colors as mcolors
 import pytest
 
 from robustbn.cli import main
-from robustbn.plots import attack_words, defense_words, figure, group, plot
+from robustbn.labels import attack_words, defense_words, group
+from robustbn.plots import figure, plot
 from robustbn.scenario import Scenario
 from robustbn.channels import expand_channels
 from robustbn.store import Store, read_export, scenario_hash

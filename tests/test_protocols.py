@@ -31,7 +31,7 @@ def test_registry_lists_the_built_in_protocols_with_what_they_are():
                                                       "fedtan")
     assert protocols.names(exchanges_in_forward=True) == ("fedtan",)
     assert protocols.names(local_statistics=True) == ("fedbn", "silobn")
-    with pytest.raises(ValueError, match="'bn' is not allowed; allowed: naive, fbn"):
+    with pytest.raises(ValueError, match="unknown norm protocol 'bn'; allowed: naive, fbn"):
         protocols.get("bn")
     with pytest.raises(TypeError, match="not a subclass"):
         register(int)
@@ -81,8 +81,8 @@ def test_default_hooks_are_naive_bn_unless_overridden(name):
 
 
 def test_scale_only_fbn_divides_by_the_shared_std_and_centers_nothing():
-    from robustbn.norm import FedBatchNorm
-    layer = FedBatchNorm(3, "fbn-scale")
+    from robustbn.models import make_norm
+    layer = make_norm("fbn-scale", 3)
     layer.running_mean.fill_(1.0)
     layer.running_var.fill_(4.0)
     x = (torch.randn(16, 3, 5, 5, generator=torch.Generator().manual_seed(0)) * 3 + 2).requires_grad_()

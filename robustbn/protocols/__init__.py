@@ -5,7 +5,7 @@ is one file and one line below, or `@register` on a class of one's own."""
 
 from __future__ import annotations
 
-from aggregators.plugins import lookup
+from aggregators.plugins import resolve
 
 from .base import Protocol
 from .central import Central
@@ -38,7 +38,7 @@ for _cls in (Naive, FBN, FixBN, HBN, FedBN, Central, GroupNormProtocol, NoNorm, 
 
 def get(name: str) -> type[Protocol]:
     """The protocol class of a registered name or a `module:Name` reference."""
-    return lookup(name, PROTOCOLS, Protocol, "norm protocol")
+    return resolve(name, PROTOCOLS, Protocol, "norm protocol")
 
 
 def names(**having) -> tuple[str, ...]:

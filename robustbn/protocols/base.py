@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..norm import FedBatchNorm, client_running_stats, keep_finite
+
 Aggregate = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -71,7 +73,6 @@ class Protocol:
 
     def norm_layer(self, channels: int, gn_groups: int = 2) -> nn.Module:
         """The normalization layer after a convolution of `channels` outputs."""
-        from ..norm import FedBatchNorm
         return FedBatchNorm(channels, self)
 
     def init_layer(self, layer: nn.Module) -> None:
@@ -115,7 +116,6 @@ class Protocol:
         """What a client reports from its batch statistics (h, C): its running statistics after
         one step from (prev_mean, prev_var), (1-b) prev + b batch, the variance with the
         protocol's Bessel factor. prev_* broadcast against batch_*."""
-        from ..norm import client_running_stats
         return client_running_stats(prev_mean, prev_var, batch_mean, batch_var, self.variance_factor(count, n), beta)
 
     def sends(self, t: int) -> bool:
@@ -136,7 +136,6 @@ class Protocol:
                      agg_mean: Aggregate, agg_var: Aggregate, together=one_by_one):
         """`server_update`, sanitized: a coordinate whose update is not finite keeps its old
         value; variances are floored at 0 (hostile statistics never reach the model)."""
-        from ..norm import keep_finite
         mean, var = self.server_update(shared_mean, shared_var, msg_mean, msg_var, count, n, beta, agg_mean,
                                        agg_var, together)
         return keep_finite(mean, shared_mean), keep_finite(var, shared_var, floor=0.0)

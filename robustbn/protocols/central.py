@@ -1,6 +1,7 @@
 """Centralized BN: one client holding the union of the honest mini-batches each round, the
 reference every BN protocol is measured against; attack-free (f = 0)."""
 
+from ..errors import ScenarioError
 from .base import Protocol
 
 
@@ -11,7 +12,6 @@ class Central(Protocol):
 
     @classmethod
     def check(cls, sc) -> None:
-        from ..scenario import ScenarioError
         if sc.f != 0:
             raise ScenarioError("f", "norm = 'central' is the attack-free reference: it admits f = 0 only")
 

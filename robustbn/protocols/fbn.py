@@ -5,6 +5,7 @@ exactly centralized BN's on the union of the batches (Appendix A)."""
 
 import torch.nn.functional as F
 
+from ..norm import batch_moments
 from .base import Protocol, one_by_one
 
 
@@ -23,7 +24,6 @@ class FBN(Protocol):
     label = "FBN"
 
     def normalize(self, layer, x):
-        from ..norm import batch_moments
         batch_mean, batch_var = batch_moments(x)
         out = F.batch_norm(x, layer.running_mean.detach(), layer.running_var.detach(), layer.weight, layer.bias,
                            False, 0.0, layer.eps)
