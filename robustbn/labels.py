@@ -15,7 +15,7 @@ from .protocols import PROTOCOLS
 
 IGNORED = {"seed", "device", "data_dir"}
 SUMMARY = {"final_acc", "best_acc", "final_loss", "rounds_done", "resumed_from", "status", "wall_time_s", "hash",
-           "history", "error"}
+           "history", "error", "code_version"}
 
 NORM_COLORS = {"naive": "tab:red", "fbn": "tab:blue", "fixbn": "tab:green", "hbn": "tab:purple",
                "fedbn": "tab:brown", "central": "black", "gn": "tab:olive", "none": "tab:gray"}

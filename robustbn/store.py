@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -22,6 +23,7 @@ import platform
 import re
 import socket
 import sqlite3
+import subprocess
 import sys
 import time
 import urllib.parse
@@ -48,6 +50,7 @@ CREATE TABLE IF NOT EXISTS runs (
     wall_time_s REAL,
     device TEXT,
     versions TEXT,
+    code_version TEXT,
     rounds_done INTEGER,
     resumed_from INTEGER,
     owner TEXT,
@@ -56,8 +59,8 @@ CREATE TABLE IF NOT EXISTS runs (
 """
 # the CSV/JSON/table view of a run: scenario fields, then these
 RESULT_COLUMNS = ("final_acc", "best_acc", "final_loss", "rounds_done", "resumed_from", "status", "wall_time_s",
-                  "device", "hash")
-OPTIONAL_EXPORT_COLUMNS = {"resumed_from"}  # exports written before it existed lack it
+                  "device", "code_version", "hash")
+OPTIONAL_EXPORT_COLUMNS = {"resumed_from", "code_version"}  # exports written before they existed lack them
 LEASE_S = 120.0  # a claim's lifetime; its owner renews it every LEASE_S / 4 (`execute.Lease`)
 
 
@@ -84,6 +87,23 @@ def versions() -> dict[str, str]:
     from . import __version__
     return {"robustbn": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
             "python": platform.python_version()}
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """Which code makes a run: `git describe --always --dirty` of the checkout robustbn is
+    imported from ("4c1658f", "4c1658f-dirty" with uncommitted changes), or "robustbn
+    VERSION" where it is not a git checkout (an installed package) or git is missing."""
+    from . import __version__
+    source = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=source, capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        out = None
+    if out is not None and out.returncode == 0 and out.stdout.strip() and (source / ".git").exists():
+        return out.stdout.strip()
+    return f"robustbn {__version__}"
 
 
 def new_owner() -> str:
@@ -265,21 +285,23 @@ class Store:
         with self.db:
             self.db.execute(
                 "INSERT INTO runs (hash, scenario, status, history, bn_stats, error, source, finished, wall_time_s, "
-                "device, versions, rounds_done, resumed_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "device, versions, code_version, rounds_done, resumed_from) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT(hash) DO UPDATE SET status = excluded.status, history = excluded.history, "
                 "bn_stats = excluded.bn_stats, error = excluded.error, finished = excluded.finished, "
                 "wall_time_s = excluded.wall_time_s, device = excluded.device, versions = excluded.versions, "
+                "code_version = excluded.code_version, "
                 "rounds_done = excluded.rounds_done, resumed_from = excluded.resumed_from, owner = NULL, "
                 "lease_until = NULL",
                 (run_hash, json.dumps(scenario, sort_keys=True), status, json.dumps(history), json.dumps(bn_stats),
-                 error, source, time.time(), wall_time_s, device, json.dumps(versions()),
+                 error, source, time.time(), wall_time_s, device, json.dumps(versions()), code_version(),
                  history[-1]["round"] if history else 0, resumed_from))
         return status
 
     def fail(self, run_hash: str, error: str) -> None:
         with self.db:
-            self.db.execute("UPDATE runs SET status = 'failed', error = ?, finished = ?, owner = NULL, "
-                            "lease_until = NULL WHERE hash = ?", (error, time.time(), run_hash))
+            self.db.execute("UPDATE runs SET status = 'failed', error = ?, finished = ?, code_version = ?, owner = NULL, "
+                            "lease_until = NULL WHERE hash = ?", (error, time.time(), code_version(), run_hash))
 
     def merge(self, source: str | Path) -> dict[str, int]:
         """Copy the runs of another store into this one, in one transaction, deduplicating by
@@ -329,11 +351,11 @@ class Store:
         they read as None."""
         statuses = None if status is None else {status} if isinstance(status, str) else set(status)
         have = {c[1] for c in self.db.execute("PRAGMA table_info(runs)")}
-        wanted = ("hash", "scenario", "status", "history", "wall_time_s", "device", "error", "rounds_done",
-                  "resumed_from")
+        wanted = ("hash", "scenario", "status", "history", "wall_time_s", "device", "code_version", "error",
+                  "rounds_done", "resumed_from")
         select = ", ".join(c if c in have else f"NULL AS {c}" for c in wanted)
         out = []
-        for (run_hash, scenario, st, history, wall, device, error, rounds_done, resumed_from) in self.db.execute(
+        for (run_hash, scenario, st, history, wall, device, code, error, rounds_done, resumed_from) in self.db.execute(
                 f"SELECT {select} FROM runs ORDER BY rowid"):
             if statuses and st not in statuses:
                 continue
@@ -347,7 +369,7 @@ class Store:
                         "final_loss": last.get("test_loss"),
                         "rounds_done": rounds_done if rounds_done is not None else last.get("round", 0),
                         "resumed_from": resumed_from, "status": st, "wall_time_s": wall, "device": device,
-                        "hash": run_hash, "history": hist, "error": error})
+                        "code_version": code, "hash": run_hash, "history": hist, "error": error})
         return out
 
 
@@ -507,5 +529,6 @@ def read_export(path: str | Path) -> list[dict[str, Any]]:
                              f"or an export from a robustbn version with other scenario fields")
         runs.append({"hash": run_hash, "scenario": json.dumps(scenario, sort_keys=True), "status": status,
                      "history": json.dumps(history) if history or status == "done" else None,
-                     "source": str(path), "wall_time_s": wall, "device": device, "resumed_from": resumed_from})
+                     "source": str(path), "wall_time_s": wall, "device": device, "resumed_from": resumed_from,
+                     "code_version": cells.get("code_version") or None})
     return runs

@@ -58,7 +58,8 @@ ATTACK_FIELDS = tuple(f"{c}_{p}" for c in CHANNELS for p in ATTACK_PARTS)
 ATTACK_KEYS = frozenset(ATTACK_FIELDS) | {f"bn_{p}" for p in ATTACK_PARTS}
 # fields that make no setting: the seed (pooled), where a run ran, and results
 NOT_SETTING = frozenset({"seed", "device", "data_dir", "final_acc", "best_acc", "final_loss", "rounds_done",
-                         "resumed_from", "status", "wall_time_s", "hash", "history", "error", "bn_stats", "source", "versions"})
+                         "resumed_from", "status", "wall_time_s", "hash", "history", "error", "bn_stats", "source", "versions",
+                         "code_version"})
 # fields the defense words say (with norm and f, the first columns)
 DEFENSE_FIELDS = frozenset({f"{c}_{p}" for c in CHANNELS for p in PARTS if not p.startswith("attack")}
                            | {f"bn_{p}" for p in PARTS if not p.startswith("attack")}

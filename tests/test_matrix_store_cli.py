@@ -173,3 +173,51 @@ def test_toy_command_draws_the_figure(tmp_path, capsys):
     assert main(["toy", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "fbn" in text and out.stat().st_size > 20_000
+
+
+def test_every_run_records_the_code_that_made_it(tmp_path, capsys, monkeypatch):
+    """`git describe --always --dirty` of this checkout, in the store and in every export; a
+    failed run too; where git cannot tell (not a checkout, no git), the package's version."""
+    import robustbn.store as store
+
+    described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,
+                               text=True).stdout.strip()
+    assert described
+    file = write(tmp_path, TINY_RUN + 'norm = "fbn"\n')
+    db = tmp_path / "r.sqlite"
+    with torch_threads(1):
+        assert main(["run", str(file), "--db", str(db), "--quiet"]) == 0
+    with Store(db) as s:
+        [row] = s.rows()
+    assert row["code_version"] == described
+    for fmt in ("csv", "json"):
+        assert main(["results", "--db", str(db), "--format", fmt]) == 0
+        assert described in capsys.readouterr().out
+    assert main(["results", "--db", str(db)]) == 0
+    assert described in capsys.readouterr().out
+    with Store(db) as s:
+        s.fail(row["hash"], "boom")
+    assert sqlite3.connect(db).execute("SELECT code_version FROM runs").fetchone() == (described,)
+
+    store.code_version.cache_clear()
+    monkeypatch.setattr(store.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(OSError("no git")))
+    try:
+        from robustbn import __version__
+        assert store.code_version() == f"robustbn {__version__}"
+    finally:
+        store.code_version.cache_clear()
+
+
+def test_a_store_without_the_code_version_column_reads_and_upgrades(tmp_path):
+    db = tmp_path / "old.sqlite"
+    with Store(db) as s:
+        pass
+    con = sqlite3.connect(db)
+    con.execute("ALTER TABLE runs DROP COLUMN code_version")
+    con.execute("INSERT INTO runs (hash, scenario, status, history) VALUES ('h', '{\"norm\": \"fbn\"}', 'done', '[]')")
+    con.commit()
+    con.close()
+    with Store(db, readonly=True) as s:
+        assert s.rows()[0]["code_version"] is None
+    with Store(db) as s:
+        assert "code_version" in {c[1] for c in s.db.execute("PRAGMA table_info(runs)")}

@@ -137,6 +137,10 @@ def test_a_users_rule_and_attack_run_alike_in_ray_tasks(user_dir, local_ray, cap
     ("norm", "{rules}:MyTrimmedMean", "not a subclass of robustbn.protocols.base.Protocol"),
     ("model", "broken:Net", "importing 'broken' failed: ZeroDivisionError"),
     ("dataset", "{rules}:Nothing", "has no 'Nothing'"),
+    ("dataset", "{rules}:MyTrimmedMean", "MyTrimmedMean is not a function data_dir -> robustbn.data.Dataset"),
+    ("dataset", "shutil:copyfile", "cannot be called with one argument, data_dir"),
+    ("norm", "batchnorm", "unknown norm protocol 'batchnorm'; allowed: naive, fbn"),
+    ("model", "resnet18", "unknown model 'resnet18'; allowed: cnn, simple-cnn, resnet20 or 'module:Name'"),
 ])
 def test_every_bad_reference_is_one_line_naming_the_file_and_key(user_dir, capsys, key, value, says):
     tmp, rules, atks = user_dir
@@ -219,3 +223,21 @@ def test_register_decorators_put_a_users_classes_in_every_catalogue(user_dir):
         aggregators.register(int)
     with pytest.raises(ValueError, match="lower-case name without"):
         attacks.register(type("Bad", (attacks.Attack,), {"name": "none"}))
+
+
+def test_resolve_is_one_rule_for_every_catalogue():
+    """A registered name as written, then without spaces and case; a reference checked against
+    a class or a predicate; every failure one line naming the name and what is allowed."""
+    from aggregators.plugins import resolve
+
+    registry = {"alpha": 1, "beta": 2}
+    assert resolve("alpha", registry, int, "thing") == 1 and resolve(" BETA ", registry, int, "thing") == 2
+    for bad in ("gamma", None, 3, ["alpha"]):
+        with pytest.raises(ValueError, match=r"^unknown thing .*; allowed: alpha, beta or 'module:Name'$"):
+            resolve(bad, registry, int, "thing")
+    assert resolve("json:JSONDecoder", registry, object, "thing").__name__ == "JSONDecoder"
+    with pytest.raises(ValueError, match="^thing 'json:dumps': dumps is not a subclass of builtins.int$"):
+        resolve("json:dumps", registry, int, "thing")
+    assert resolve("json:dumps", registry, lambda obj: None, "thing").__name__ == "dumps"
+    with pytest.raises(ValueError, match="^thing 'json:dumps': dumps is no good$"):
+        resolve("json:dumps", registry, lambda obj: "is no good", "thing")
