@@ -198,14 +198,12 @@ class ClippedClustering(Rule):
 
     name = "cclust"
     vmappable = False
+    scale_equivariant = True  # scaling every round's messages scales the norms seen too
 
     def __init__(self, threshold: str = "history"):
         self.threshold = choice(self.name, "threshold", threshold, ("history", "round"))
         self.stateful = self.recording = threshold == "history"
         self._seen = torch.zeros(0, dtype=torch.float64)
-        # declared from a fresh history (as identity on identical rows, which holds then): F(c x)
-        # = c F(x) also holds from one, but not on a rule that has seen x, as the kit reuses it
-        self.scale_equivariant = threshold == "round"
 
     @property
     def seen(self) -> torch.Tensor:

@@ -1,5 +1,8 @@
 """Markdown tables of final accuracies for docs/results.md, from results stores or their CSV
-exports (`robustbn results --format csv`), pooled; a run in several sources counts once.
+exports (`robustbn results --format csv`), pooled; a run in several sources counts once. A cell
+is "mean [low, high] (n seeds)": the mean over seeds and its 95% confidence interval (Student t
+over seeds, clipped to [0, 100]: robustbn.stats), "mean (1 seed)" where one seed ran (no
+interval).
 Each table says which BN message the attack touched: the mean only (seed 002's attack; the
 variance messages `honest`), both statistics alike (`bn_attack`), or the variance only.
 
@@ -8,30 +11,37 @@ variance messages `honest`), both statistics alike (`bn_attack`), or the varianc
 """
 
 import json
-import statistics
 import sys
 from collections import defaultdict
 
 from robustbn.channels import NOT_ATTACKS, expand_channels
+from robustbn.stats import Estimate, ci_text, seeds_interval
 from robustbn.store import Store, read_export
 
-def cell(values):
-    if not values:
+CELLS = "mean [95% CI, Student t over seeds, clipped to [0, 100]] (seeds); 1 seed: no interval"
+
+
+def interval_cell(e: Estimate) -> str:
+    """ "75.3 [62.7, 87.9] (2 seeds)", "76.3 (1 seed)", "-" for none."""
+    if not e.n:
         return "-"
-    if len(values) == 1:
-        return f"{100 * values[0]:.1f}"
-    return f"{100 * statistics.mean(values):.1f} ± {100 * statistics.stdev(values):.1f}"
+    ci = f" {ci_text(e.low, e.high, e.n, scale=100, digits=1)}" if e.has_interval else ""
+    return f"{100 * e.mean:.1f}{ci} ({e.n} seed{'s' * (e.n != 1)})"
+
+
+def cell(runs):
+    return interval_cell(seeds_interval(runs))
 
 
 def pivot(rows, row_key, col_key, title):
     table = defaultdict(list)
     for r in rows:
-        table[row_key(r), col_key(r)].append(r["final_acc"])
+        table[row_key(r), col_key(r)].append(r)
     if not table:
         return
     rows_ = sorted({k[0] for k in table}, key=str)
     cols = sorted({k[1] for k in table}, key=str)
-    print(f"\n{title}\n")
+    print(f"\n{title}; cells: {CELLS}\n")
     print("| | " + " | ".join(map(str, cols)) + " |")
     print("|---|" + "---|" * len(cols))
     for r in rows_:
@@ -92,7 +102,7 @@ def worst_case_matrix(r) -> bool:
 def worst_case_tables(rows):
     """Per gamma: defense x norm protocol, each cell the worst case (robustbn.worst) over every
     attack, then over the attacks on the statistics alone (gradients sent honestly)."""
-    from robustbn.worst import worst_case
+    from robustbn.worst import BEST, TIED, worst_case
 
     for title, subset in (("every attack", rows),
                           ("the attacks on the BN statistics (gradients honest)",
@@ -102,8 +112,10 @@ def worst_case_tables(rows):
             norms = list(dict.fromkeys(t["norm"] for t in table))
             expected = {norm: max(t["attacks"] for t in table if t["norm"] == norm) for norm in norms}
             defenses = sorted({t["defense"] for t in table})
-            print(f"\n**Worst case over {title}, gamma = {gamma}: final test accuracy (%), mean ± std over "
-                  f"seeds, and the attack that achieved it**\n")
+            print(f"\n**Worst case over {title}, gamma = {gamma}: final test accuracy (%) under the worst attack, "
+                  f"mean [95% CI, Student t over seeds, clipped to [0, 100]] (that attack, seeds); bold: the best "
+                  f"defense of its norm protocol, every other worse paired over seeds; italic: tied for best (the "
+                  f"paired interval of the difference includes 0)**\n")
             print("| defense | " + " | ".join(norms) + " |")
             print("|---|" + "---|" * len(norms))
             for defense in defenses:
@@ -116,9 +128,9 @@ def worst_case_tables(rows):
                     if t["attacks"] < expected[norm]:  # a worst case over part of the attacks is no worst case
                         cells.append(f"({t['attacks']} of {expected[norm]} attacks run)")
                         continue
-                    spread = f" ± {100 * t['worst_std']:.1f}" if t["seeds"] > 1 else ""
-                    seeds = f", {t['seeds']} seed{'s' * (t['seeds'] > 1)}" if t["seeds"] != 2 else ""
-                    cells.append(f"{100 * t['worst_acc']:.1f}{spread} ({t['worst_short']}{seeds})")
+                    e = Estimate(t["seeds"], t["worst_acc"], t["ci_low"], t["ci_high"], t["worst_std"])
+                    text = interval_cell(e).replace(" (", f" ({t['worst_short']}, ", 1)
+                    cells.append({BEST: f"**{text}**", TIED: f"*{text}*"}.get(t["verdict"], text))
                 print(f"| {defense} | " + " | ".join(cells) + " |")
 
 

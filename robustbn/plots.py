@@ -2,7 +2,8 @@
 attack x defense heatmaps, and worst-case (over attacks) defense x norm mode heatmaps, in the
 papers' style: a color per norm mode, a line style per defense, a marker per attack, and
 legends in words ("FBN, SF on the mean, nnm+median"). Runs that differ only in `seed` are
-pooled: mean and spread (one std)."""
+pooled: the mean, and its 95% confidence interval as the band (Student t over seeds, clipped to
+[0, 1]: robustbn.stats); legends say over how many seeds, "1 seed, no interval" where one."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ from .labels import (  # noqa: E402
     text,
     varying,
 )
-from .worst import DEFENSE_FIELDS, RESULT, worst_case  # noqa: E402
+from .stats import ACCURACY, CLIPPED_WORDS, bands, ci_text, interval  # noqa: E402
+from .worst import BEST, DEFENSE_FIELDS, RESULT, TIED, worst_case  # noqa: E402
 
 KINDS = ("curves", "heterogeneity", "heatmap", "worst-case")
 # the pipeline of the attacked channels: "mean" (undefended) solid, each other a dash pattern
@@ -101,11 +103,17 @@ class Legend:
         if not pooled:
             return words
         seeds = len({r.get("seed") for r in runs})
-        count = f"{seeds} seed{'s' * (seeds != 1)}" if seeds == len(runs) else f"{len(runs)} runs"
-        return f"{words} ({count})"
+        return f"{words} ({over(seeds, seeds) if seeds == len(runs) else over(len(runs), len(runs), 'run')})"
 
     def title(self) -> str:
         return ", ".join(self.common)
+
+
+def over(low: int, high: int, unit: str = "seed") -> str:
+    """What a band or error bar is: "95% CI over 2 seeds", "... over 2-3 seeds", "1 seed, no interval"."""
+    if high == 1:
+        return f"1 {unit}, no interval"
+    return f"95% CI over {low if low == high else f'{low}-{high}'} {unit}s"
 
 
 def _pools(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -125,13 +133,13 @@ def curves(rows, ax) -> Legend:
         for i, pool in enumerate(pools):
             rounds = [h["round"] for h in pool[0]["history"]]
             accs = np.array([[h["test_acc"] for h in r["history"]] for r in pool], dtype=float)
-            mean, std = accs.mean(0), accs.std(0)
+            mean, low, high = bands(accs)
             suffix = f"to round {rounds[-1]}" if len(pools) > 1 else ""
             style = legend.style[key]
             ax.plot(rounds, mean, label=legend.label(key, pool, pooled, suffix), **style,
                     markevery=max(1, len(rounds) // 12), markersize=5, linewidth=1.6)
             if len(pool) > 1:
-                ax.fill_between(rounds, mean - std, mean + std, color=style["color"], alpha=0.15, linewidth=0)
+                ax.fill_between(rounds, low, high, color=style["color"], alpha=0.15, linewidth=0)
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy")
     return legend
@@ -143,13 +151,15 @@ def heterogeneity(rows, ax, x="gamma") -> Legend:
     for key, runs in legend.groups.items():
         by_x = group(runs, [x])
         xs = sorted(by_x, key=lambda v: (v[0] is None, v[0] if isinstance(v[0], (int, float)) else repr(v[0])))
-        accs = [[r["final_acc"] for r in by_x[v]] for v in xs]
-        counts = {len(a) for a in accs}
+        cells = [interval([r["final_acc"] for r in by_x[v]], ACCURACY) for v in xs]
+        counts = [e.n for e in cells]
         label = legend.label(key, runs, False)
         if pooled:
-            label += f" ({min(counts)}-{max(counts)} seeds)" if len(counts) > 1 else \
-                     f" ({max(counts)} seed{'s' * (max(counts) != 1)})"
-        ax.errorbar([v[0] for v in xs], [np.mean(a) for a in accs], yerr=[np.std(a) for a in accs], capsize=3,
+            label += f" ({over(min(counts), max(counts))})"
+        means = np.array([e.mean for e in cells])
+        lows = np.array([e.mean if e.low is None else e.low for e in cells])
+        highs = np.array([e.mean if e.high is None else e.high for e in cells])
+        ax.errorbar([v[0] for v in xs], means, yerr=[means - lows, highs - means], capsize=3,
                     label=label, **{**legend.style[key], "marker": legend.points[key]})
     ax.set_xlabel(x)
     ax.set_ylabel("final test accuracy")
@@ -157,9 +167,9 @@ def heterogeneity(rows, ax, x="gamma") -> Legend:
 
 
 def heatmap(rows, fig):
-    """Final accuracy (mean over the runs of a cell: seeds and any other field) by attack (in
-    words, with the channel it hits) and defense (the attacked channels' pipeline), one panel
-    per norm mode."""
+    """Final accuracy (mean over the runs of a cell: seeds and any other field, with its 95%
+    interval over those runs) by attack (in words, with the channel it hits) and defense (the
+    attacked channels' pipeline), one panel per norm mode."""
     attack_of = {id(r): attack_words(r) for r in rows}
     defense_of = {id(r): defense_words(r) for r in rows}
     norms = sorted({r["norm"] for r in rows}, key=norm_order)
@@ -168,32 +178,35 @@ def heatmap(rows, fig):
     axes = fig.subplots(1, len(norms), squeeze=False)[0]
     for ax, norm in zip(axes, norms):
         grid = np.full((len(attacks), len(defenses)), np.nan)
+        words = {}
         for i, a in enumerate(attacks):
             for j, d in enumerate(defenses):
-                accs = [r["final_acc"] for r in rows
-                        if r["norm"] == norm and attack_of[id(r)] == a and defense_of[id(r)] == d]
-                if accs:
-                    grid[i, j] = np.mean(accs)
+                e = interval([r["final_acc"] for r in rows
+                              if r["norm"] == norm and attack_of[id(r)] == a and defense_of[id(r)] == d], ACCURACY)
+                if e.n:
+                    grid[i, j] = e.mean
+                    words[i, j] = f"{e.mean:.2f}\n{e.text(digits=2, unit='run')}"
         im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis")
-        for (i, j), v in np.ndenumerate(grid):
-            if not np.isnan(v):
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.6 else "black", fontsize=8)
+        for (i, j), text_ in words.items():
+            ax.text(j, i, text_, ha="center", va="center", color="white" if grid[i, j] < 0.6 else "black", fontsize=7)
         ax.set_xticks(range(len(defenses)), defenses, rotation=30, ha="right")
         ax.set_yticks(range(len(attacks)), attacks)
         ax.set_title(norm_words(norm))
         ax.set_xlabel("defense (pipeline of the attacked channels)")
         ax.set_ylabel("attack")
-    fig.colorbar(im, ax=list(axes), label="final test accuracy (mean over seeds)")
+    fig.colorbar(im, ax=list(axes), label="final test accuracy: mean over the cell's runs, 95% CI (Student t)")
 
 
 def worst_case_figure(rows):
     """ByzFL-style worst-case heatmap (robustbn.worst has the definition): a row per defense
     (every sent channel's pipeline, in words), a column per norm mode, one panel per
     combination of the other setting fields that vary (f, gamma, ...). A cell is colored by
-    the worst accuracy over attacks (seeds pooled) and annotated with it and the worst attack
-    with the channels it hit ("SF (mean)"); "no attack" where f = 0, "no attack run" where
-    f > 0 but no attack was run. Defenses whose words read alike in one panel and norm mode
-    (e.g. agg_f unset and agg_f = f) are told apart by key=value."""
+    the worst accuracy over attacks (seeds pooled) and annotated with it, its 95% interval over
+    seeds ("1 seed" where one) and the worst attack with the channels it hit ("SF (mean)");
+    "no attack" where f = 0, "no attack run" where f > 0 but no attack was run. A frame marks
+    the best defense of its norm protocol, or those tied for best (paired over seeds).
+    Defenses whose words read alike in one panel and norm mode (e.g. agg_f unset and agg_f =
+    f) are told apart by key=value."""
     table = worst_case(rows)
     panel_keys = varying(table, set(RESULT) | {"norm", "defense"} | DEFENSE_FIELDS)
     panel_of = lambda t: tuple(hashable(t.get(k)) for k in panel_keys)
@@ -224,8 +237,12 @@ def worst_case_figure(rows):
                     ax.text(j, i, "no attack\nrun", ha="center", va="center", color="gray", fontsize=7)
                     continue
                 grid[i, j] = v = t["worst_acc"]
-                ax.text(j, i, f"{v:.2f}\n{t['worst_short']}", ha="center", va="center",
-                        color="white" if v < 0.6 else "black", fontsize=7)
+                ci = ci_text(t["ci_low"], t["ci_high"], t["seeds"], digits=2).replace(", no interval", "")
+                ax.text(j, i, f"{v:.2f}\n{ci}\n{t['worst_short']}", ha="center",
+                        va="center", color="white" if v < 0.6 else "black", fontsize=6.5)
+                if t["verdict"] in (BEST, TIED):
+                    ax.add_patch(plt.Rectangle((j - 0.47, i - 0.47), 0.94, 0.94, fill=False, edgecolor="red",
+                                               linewidth=1.5 if t["verdict"] == BEST else 0.8))
         ax.set_facecolor("0.93")  # not run
         im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
         ax.set_xticks(range(len(norms)), [norm_words(m) for m in norms], rotation=30, ha="right")
@@ -236,7 +253,9 @@ def worst_case_figure(rows):
         if n == 0:
             ax.set_ylabel("defense")
     fig.colorbar(im, ax=list(axes), label="worst-case accuracy")
-    fig.suptitle("final test accuracy under the worst attack run (mean over seeds), and that attack", fontsize=10)
+    fig.suptitle(f"final test accuracy under the worst attack run (mean over seeds; {CLIPPED_WORDS}), and that "
+                 "attack\nframed: the best defense per norm protocol (thick), or those tied for best (thin; paired "
+                 "over seeds)", fontsize=9)
     return fig
 
 

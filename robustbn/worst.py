@@ -20,22 +20,37 @@ The definition, exactly (`worst_case`):
   own (f differs) whose only outcome is its no-attack accuracy.
 - Seeds are pooled first: for one (setting, attack), the mean over seeds of the accuracy
   (runs repeating a seed, e.g. on another device, are averaged into that seed first), with
-  the number of seeds and the spread (sample std over the seeds, 0 for one seed).
+  the number of seeds, the 95% confidence interval of that mean (Student t over the seeds,
+  clipped to [0, 1]; none for one seed: robustbn.stats) and the sample std over the seeds
+  (0 for one seed).
 - The **worst case** of a setting is the minimum over its attacks of that pooled mean, and
   the **worst attack** the attack achieving it (ties: the first by its words). `attacks` is
   how many distinct attacks the setting was run under. `no_attack_acc` is the pooled mean of
   the baseline runs (several baselines, e.g. Byzantine clients `honest` or silent, pool
   together), None where the store has none. With f = 0 the worst case is the no-attack
   accuracy (no attacker, nothing else can happen), with `attacks` = 0; with f > 0 and no
-  attack run the worst case is unknown: None.
+  attack run the worst case is unknown: None. `ci_low`, `ci_high` are the interval of
+  `worst_acc` (over the seeds of the worst attack), `no_attack_low`, `no_attack_high` that
+  of `no_attack_acc`.
+- The worst case **per seed** (for comparing defenses): the worst attack is chosen once per
+  setting, on the seed-pooled mean as above; a seed's worst case is then that seed's accuracy
+  under that attack (not the minimum over attacks within the seed, which would pick another
+  attack per seed and bias every worst case low). With f = 0, the seed's no-attack accuracy.
+- **Verdicts**: settings that differ only in the defense (the channels' pipelines, `agg_f`,
+  the client filter and its parameters, `root_size`) are compared within each norm protocol
+  and value of every other setting field (f, gamma, ...). The best is the highest worst case
+  (pooled mean; ties: the first in the table's order). Every other setting is paired with the
+  best over the seeds both ran: `gap` is the mean of (best - this) per seed, `gap_low`,
+  `gap_high` its 95% Student-t interval, `gap_pairs` the number of seeds paired. A setting is
+  "worse" where that interval excludes 0, else "tied for best" (one shared seed: no
+  interval, so tied). The best is "best" where every other is worse, else "tied for best". A
+  setting alone in its group, or without a worst case, has no verdict (None).
 
 Words, orderings and value keys come from robustbn.labels (shared with the tables and plots).
 """
 
 from __future__ import annotations
 
-import json
-import math
 from collections import defaultdict
 from typing import Any
 
@@ -51,34 +66,23 @@ from .labels import (
     sort_key,
     varying,
 )
+from .stats import ACCURACY, NOT_SCENARIO, Estimate, accuracy, by_seed, distinct, interval, paired, scenario_fields
 
 # the attack fields of every channel (attack and its parameters), and the BN shorthands
 ATTACK_PARTS = tuple(p for p in PARTS if p.startswith("attack"))
 ATTACK_FIELDS = tuple(f"{c}_{p}" for c in CHANNELS for p in ATTACK_PARTS)
 ATTACK_KEYS = frozenset(ATTACK_FIELDS) | {f"bn_{p}" for p in ATTACK_PARTS}
 # fields that make no setting: the seed (pooled), where a run ran, and results
-NOT_SETTING = frozenset({"seed", "device", "data_dir", "final_acc", "best_acc", "final_loss", "rounds_done",
-                         "resumed_from", "status", "wall_time_s", "hash", "history", "error", "bn_stats", "source", "versions",
-                         "code_version"})
+NOT_SETTING = NOT_SCENARIO | {"seed"}
 # fields the defense words say (with norm and f, the first columns)
 DEFENSE_FIELDS = frozenset({f"{c}_{p}" for c in CHANNELS for p in PARTS if not p.startswith("attack")}
                            | {f"bn_{p}" for p in PARTS if not p.startswith("attack")}
                            | {"agg_f", "client_filter", "client_filter_params", "root_size"})
-RESULT = ("worst_acc", "worst_std", "worst_attack", "worst_short", *(f"worst_{k}" for k in ATTACK_FIELDS),
-          "attacks", "seeds", "diverged", "no_attack_acc", "no_attack_seeds")
-
-
-def accuracy(row: dict[str, Any]) -> tuple[float, bool]:
-    """(the accuracy the worst case reads, whether the run diverged): a missing or non-finite
-    final accuracy is 0.0."""
-    acc = row.get("final_acc")
-    if row.get("status") == "diverged":
-        return 0.0, True
-    try:
-        acc = float(acc)
-    except (TypeError, ValueError):
-        return 0.0, True
-    return (acc, False) if math.isfinite(acc) else (0.0, True)
+RESULT = ("worst_acc", "ci_low", "ci_high", "worst_std", "worst_attack", "worst_short",
+          *(f"worst_{k}" for k in ATTACK_FIELDS), "attacks", "seeds", "diverged",
+          "verdict", "gap", "gap_low", "gap_high", "gap_pairs",
+          "no_attack_acc", "no_attack_low", "no_attack_high", "no_attack_seeds")
+BEST, TIED, WORSE = "best", "tied for best", "worse"
 
 
 def _filled(row: dict[str, Any]) -> dict[str, Any]:
@@ -92,22 +96,17 @@ def _filled(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _pool(runs: list[dict[str, Any]]) -> tuple[float, float, int]:
-    """(mean over seeds, std over seeds, seeds) of runs' accuracies; runs repeating a seed
-    are averaged into it first."""
-    by_seed = defaultdict(list)
-    for r in runs:
-        by_seed[hashable(r.get("seed"))].append(accuracy(r)[0])
-    means = [sum(a) / len(a) for a in by_seed.values()]
-    mean = sum(means) / len(means)
-    # the sample std (divisor seeds - 1, 0 for one seed), as every table of docs/results.md
-    return mean, math.sqrt(sum((m - mean) ** 2 for m in means) / max(len(means) - 1, 1)), len(means)
+def _pool(runs: list[dict[str, Any]]) -> tuple[Estimate, dict]:
+    """(the runs' accuracy over seeds, clipped to [0, 1]; {seed: accuracy}): runs repeating a
+    seed are averaged into it first."""
+    seeds = by_seed(runs)
+    return interval(seeds.values(), ACCURACY), seeds
 
 
 def setting_keys(rows: list[dict[str, Any]]) -> list[str]:
     """The fields that make a setting: every field of the rows but the attack, the seed and
     the results."""
-    return [k for k in dict.fromkeys(k for r in rows for k in r) if k not in ATTACK_KEYS | NOT_SETTING]
+    return scenario_fields(rows, ATTACK_KEYS)
 
 
 def worst_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -115,17 +114,19 @@ def worst_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     left out): one dict per setting, sorted by norm mode (the plots' order), defense ("mean"
     first), then f and the other fields. Each has the setting's fields (norm, defense in
     words, f, every other non-attack scenario field), then the columns of `RESULT`:
-    worst_acc, worst_std (spread over the seeds of the worst attack), worst_attack (in words),
-    worst_short (a few characters: "SF (mean)"), worst_<channel>_attack[_params] (the raw
-    fields), attacks (how many), seeds (of the worst attack), diverged (runs of the setting
-    counted as 0.0), no_attack_acc, no_attack_seeds. See the module's docstring for the
-    definition."""
+    worst_acc, ci_low, ci_high (its 95% interval over the seeds of the worst attack; None for
+    one seed), worst_std (the spread over those seeds), worst_attack (in words), worst_short
+    (a few characters: "SF (mean)"), worst_<channel>_attack[_params] (the raw fields),
+    attacks (how many), seeds (of the worst attack), diverged (runs of the setting counted as
+    0.0), verdict, gap, gap_low, gap_high, gap_pairs (against the best defense, paired over
+    seeds), no_attack_acc, no_attack_low, no_attack_high, no_attack_seeds. See the module's
+    docstring for the definition."""
     rows = [_filled(r) for r in rows if r.get("status", "done") in ("done", "diverged")]
     keys = setting_keys(rows)
     settings: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         settings[tuple(hashable(r.get(k)) for k in keys)].append(r)
-    table = []
+    table, per_seed = [], {}
     for runs in settings.values():
         first = runs[0]
         attacked, baseline = defaultdict(list), []
@@ -137,28 +138,52 @@ def worst_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         record = {"norm": first.get("norm"), "defense": setting_defense_words(first), "f": first.get("f")}
         record.update({k: first.get(k) for k in keys if k not in record})
         no_attack = _pool(baseline) if baseline else None
-        pooled = []
-        for pool in attacked.values():
-            mean, std, seeds = _pool(pool)
-            pooled.append((mean, attack_words(pool[0]), std, seeds, pool[0]))
+        pooled = [(*_pool(pool), attack_words(pool[0]), pool[0]) for pool in attacked.values()]
+        seeds = None
         if pooled:
-            tie = lambda p: repr([hashable(p[4][k]) for k in ATTACK_FIELDS])
-            mean, words, std, seeds, r = min(pooled, key=lambda p: (p[0], p[1], tie(p)))
-            worst = {"worst_acc": mean, "worst_std": std, "worst_attack": words, "worst_short": attack_short(r),
-                     **{f"worst_{k}": r[k] for k in ATTACK_FIELDS}, "seeds": seeds}
+            tie = lambda p: repr([hashable(p[3][k]) for k in ATTACK_FIELDS])
+            e, seeds, words, r = min(pooled, key=lambda p: (p[0].mean, p[2], tie(p)))
+            worst = {"worst_attack": words, "worst_short": attack_short(r),
+                     **{f"worst_{k}": r[k] for k in ATTACK_FIELDS}}
         elif not first.get("f") and no_attack:
-            worst = {"worst_acc": no_attack[0], "worst_std": no_attack[1], "worst_attack": NO_ATTACK,
-                     "worst_short": NO_ATTACK, **{f"worst_{k}": None for k in ATTACK_FIELDS}, "seeds": no_attack[2]}
+            e, seeds = no_attack
+            worst = {"worst_attack": NO_ATTACK, "worst_short": NO_ATTACK, **{f"worst_{k}": None for k in ATTACK_FIELDS}}
         else:
-            worst = {"worst_acc": None, "worst_std": None, "worst_attack": None, "worst_short": None,
-                     **{f"worst_{k}": None for k in ATTACK_FIELDS}, "seeds": 0}
-        record.update(worst)
-        record.update({"attacks": len(pooled), "diverged": sum(accuracy(r)[1] for r in runs),
-                       "no_attack_acc": no_attack[0] if no_attack else None,
-                       "no_attack_seeds": no_attack[2] if no_attack else 0})
+            e = Estimate(0, None, None, None, None)
+            worst = {"worst_attack": None, "worst_short": None, **{f"worst_{k}": None for k in ATTACK_FIELDS}}
+        na = no_attack[0] if no_attack else Estimate(0, None, None, None, None)
+        record.update({"worst_acc": e.mean, "ci_low": e.low, "ci_high": e.high, "worst_std": e.std, **worst,
+                       "attacks": len(pooled), "seeds": e.n, "diverged": sum(accuracy(r)[1] for r in runs),
+                       "no_attack_acc": na.mean, "no_attack_low": na.low, "no_attack_high": na.high,
+                       "no_attack_seeds": na.n, "verdict": None, "gap": None, "gap_low": None, "gap_high": None,
+                       "gap_pairs": None})
         table.append({k: record[k] for k in [*(k for k in record if k not in RESULT), *RESULT]})
-    return sorted(table, key=lambda t: (norm_order(t["norm"]), t["defense"] != "mean", t["defense"],
-                                        [sort_key(t.get(k)) for k in ["f", *keys]]))
+        per_seed[id(table[-1])] = seeds
+    table.sort(key=lambda t: (norm_order(t["norm"]), t["defense"] != "mean", t["defense"],
+                              [sort_key(t.get(k)) for k in ["f", *keys]]))
+    _verdicts(table, per_seed)
+    return table
+
+
+def _verdicts(table: list[dict[str, Any]], per_seed: dict[int, dict | None]) -> None:
+    """Fill verdict and gap* of the settings that differ only in the defense (the module's
+    docstring): the best by pooled worst case, the others paired with it over seeds."""
+    others = [k for k in dict.fromkeys(k for t in table for k in t)
+              if k not in set(RESULT) | DEFENSE_FIELDS | {"defense"}]
+    groups = defaultdict(list)
+    for t in table:
+        if t["worst_acc"] is not None:
+            groups[tuple(hashable(t.get(k)) for k in others)].append(t)
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        best = max(group, key=lambda t: t["worst_acc"])  # the first of equals, in the table's order
+        for t in group:
+            if t is not best:
+                d = paired(per_seed[id(t)], per_seed[id(best)])
+                t.update({"verdict": WORSE if distinct(d) and d.low > 0 else TIED, "gap": d.mean,
+                          "gap_low": d.low, "gap_high": d.high, "gap_pairs": d.n})
+        best["verdict"] = BEST if all(t["verdict"] == WORSE for t in group if t is not best) else TIED
 
 
 def shown_columns(table: list[dict[str, Any]]) -> list[str]:
@@ -166,10 +191,12 @@ def shown_columns(table: list[dict[str, Any]]) -> list[str]:
     varies (a field the defense words say only where the words do not tell settings apart),
     then the results (the raw attack fields and worst_short left to csv / json)."""
     if not table:
-        return ["norm", "defense", "f", "worst_acc", "worst_attack", "attacks", "seeds", "no_attack_acc"]
+        return ["norm", "defense", "f", "worst_acc", "ci_low", "ci_high", "seeds", "verdict", "worst_attack",
+                "attacks", "no_attack_acc"]
     fields = [k for k in varying(table, set(RESULT) | {"norm", "defense", "f"})]
     columns = ["norm", "defense", "f"] + [k for k in fields if k not in DEFENSE_FIELDS]
     if len({tuple(hashable(t.get(k)) for k in columns) for t in table}) < len(table):
         columns += [k for k in fields if k in DEFENSE_FIELDS]
-    return columns + ["worst_acc", "worst_std", "worst_attack", "attacks", "seeds", "diverged", "no_attack_acc"]
+    return columns + ["worst_acc", "ci_low", "ci_high", "seeds", "verdict", "gap", "gap_low", "gap_high",
+                      "worst_attack", "attacks", "diverged", "no_attack_acc"]
 

@@ -4,6 +4,7 @@ is caught, with a counterexample; and `robustbn check-aggregator` reports it wit
 documented exit codes."""
 
 import pytest
+from hypothesis import settings
 
 import aggregators
 import attacks
@@ -11,20 +12,43 @@ from aggregators.testing import PROPERTIES, check, check_attack
 from robustbn.cli import main
 
 EXAMPLES = 30
+# The first rules and the common pipelines run as many examples as the hypothesis profile asks
+# (500 in CI); the catalogue's slower rules (MDA's subsets, host-side clustering) run EXAMPLES.
+CATALOGUE = {"mda", "smea", "caf", "bulyan", "dnc", "signguard", "cclust", "fltrust"}
+PIPELINES = ["nnm+median", "nnm+trmean", "nnm+krum", "bucketing+cc", "clipping+mean", "arc+trmean", "nnm+geomed",
+             "arc+nnm+meamed"]
+SPECS = sorted(aggregators.AGGREGATORS) + [f"{p}+mean" for p in sorted(aggregators.PRE_AGGREGATORS)] + PIPELINES
+# NNM's rows satisfy exact linear identities, so the neighbours, Krum's scores or meamed's window
+# after it can rest on a tie that rounding decides: the order of the rows may then change the
+# output, or a shift or scale change it (README, the property kit). These comparisons may fail on
+# such draws; every other property must hold.
+TIES = {"permutation invariance", "translation equivariance", "positive-scale equivariance",
+        "stacked (vmap) equals one call per set"}
+MAY_FAIL = {"nnm+krum": TIES, "arc+nnm+meamed": TIES}
 
 
 def failures(outcomes):
     return {o.name: (o.error, o.counterexample) for o in outcomes if o.status == "failed"}
 
 
-@pytest.mark.parametrize("spec", sorted(aggregators.AGGREGATORS) + [f"{p}+mean" for p in sorted(aggregators.PRE_AGGREGATORS)])
+@pytest.mark.parametrize("spec", SPECS)
 def test_every_registered_rule_holds_every_property_it_declares(spec):
-    outcomes = check(spec, examples=EXAMPLES)
+    examples = EXAMPLES if spec in CATALOGUE else max(EXAMPLES, settings().max_examples)
+    outcomes = check(spec, examples=examples)
     assert [o.name for o in outcomes] == list(PROPERTIES)
-    assert not failures(outcomes)
-    held = {o.name for o in outcomes if o.status == "held"}
+    assert set(failures(outcomes)) <= MAY_FAIL.get(spec, set()), failures(outcomes)
+    held = {o.name for o in outcomes if o.status != "not applicable"}
     assert {"output shape, dtype and device kept", "input never written", "finite under up to f hostile rows",
-            "identity on identical rows"} <= held
+            "identity on identical rows", "stacked (vmap) equals one call per set"} <= held
+    if "+" in spec:
+        assert "a spec is its steps in turn" in held
+    status = {o.name: o.status for o in outcomes}
+    pipeline = aggregators.build(spec, f=1)
+    for attribute, name in (("permutation_invariant", "permutation invariance"),
+                            ("translation_equivariant", "translation equivariance"),
+                            ("scale_equivariant", "positive-scale equivariance")):
+        declared = not pipeline.random and all(getattr(s, attribute) for s in pipeline.pre + [pipeline.agg])
+        assert (status[name] != "not applicable") == declared, (name, status[name])
 
 
 def test_declared_robustness_is_checked_where_a_bound_is_claimed():

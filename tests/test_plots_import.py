@@ -8,6 +8,8 @@ from pathlib import Path
 
 import matplotlib.colors as mcolors
 import pytest
+from scipy.stats import sem
+from scipy.stats import t as t_dist
 
 from robustbn.cli import main
 from robustbn.labels import attack_words, defense_words, group
@@ -46,6 +48,9 @@ def two_seed_store(path) -> Store:
         add_run(store, 0.3 + seed / 100, norm="fbn", seed=seed, f=3, bn_mean_attack="sf", bn_var_attack="honest",
                 bn_agg="nnm+median")
     return store
+
+
+CI2 = "(95% CI over 2 seeds)"  # what a pooled legend says
 
 
 def curves_by_label(fig):
@@ -104,23 +109,27 @@ def test_curves_read_like_the_papers_figures(tmp_path):
     fig = figure(rows, "curves")
     lines = curves_by_label(fig)
     assert set(lines) == {
-        "naive BN, no attack (2 seeds)", "naive BN, SF on the mean and variance, mean (2 seeds)",
-        "naive BN, SF on the mean and variance, nnm+median (2 seeds)",
-        "FBN, no attack (2 seeds)", "FBN, SF on the mean and variance, mean (2 seeds)",
-        "FBN, SF on the mean and variance, nnm+median (2 seeds)", "FBN, SF on the mean, nnm+median (2 seeds)"}
+        f"naive BN, no attack {CI2}", f"naive BN, SF on the mean and variance, mean {CI2}",
+        f"naive BN, SF on the mean and variance, nnm+median {CI2}",
+        f"FBN, no attack {CI2}", f"FBN, SF on the mean and variance, mean {CI2}",
+        f"FBN, SF on the mean and variance, nnm+median {CI2}", f"FBN, SF on the mean, nnm+median {CI2}"}
     color = {label: mcolors.to_hex(line.get_color()) for label, line in lines.items()}
     assert len({c for label, c in color.items() if label.startswith("FBN")}) == 1
     assert len({c for label, c in color.items() if label.startswith("naive")}) == 1
-    assert color["FBN, no attack (2 seeds)"] != color["naive BN, no attack (2 seeds)"]
-    undefended = lines["FBN, SF on the mean and variance, mean (2 seeds)"]
-    defended = lines["FBN, SF on the mean and variance, nnm+median (2 seeds)"]
+    assert color[f"FBN, no attack {CI2}"] != color[f"naive BN, no attack {CI2}"]
+    undefended = lines[f"FBN, SF on the mean and variance, mean {CI2}"]
+    defended = lines[f"FBN, SF on the mean and variance, nnm+median {CI2}"]
     assert undefended.get_linestyle() == "-" and defended.get_linestyle() not in ("-", "None")
-    assert defended.get_linestyle() == lines["naive BN, SF on the mean and variance, nnm+median (2 seeds)"].get_linestyle()
+    assert defended.get_linestyle() == lines[f"naive BN, SF on the mean and variance, nnm+median {CI2}"].get_linestyle()
     # the two attacks under one defense: told apart by marker
-    assert lines["FBN, SF on the mean, nnm+median (2 seeds)"].get_marker() != defended.get_marker()
-    # pooled: the mean of the two seeds, and a +- std band per line
+    assert lines[f"FBN, SF on the mean, nnm+median {CI2}"].get_marker() != defended.get_marker()
+    # pooled: the mean of the two seeds, and a band per line: the 95% Student-t interval over them
     assert list(undefended.get_ydata()) == pytest.approx([0.33 + 0.005, 0.36 + 0.005])
     assert len(fig.axes[0].collections) == len(lines)
+    band = fig.axes[0].collections[fig.axes[0].get_lines().index(undefended)]
+    at_6 = sorted(y for x, y in band.get_paths()[0].vertices if x == 6)
+    low, high = t_dist.interval(0.95, 1, loc=0.365, scale=sem([0.36, 0.37]))
+    assert (at_6[0], at_6[-1]) == pytest.approx((low, high)) and high - low > 0.1
     out = tmp_path / "curves.png"
     plot(rows, "curves", str(out))
     assert out.read_bytes()[:4] == b"\x89PNG" and out.stat().st_size > 10_000
@@ -131,7 +140,7 @@ def test_only_varying_words_appear_and_the_rest_titles_the_plot(tmp_path):
     store = two_seed_store(tmp_path / "s.sqlite")
     rows = [r for r in store.rows() if r["norm"] == "fbn" and r["bn_attack"] == "sf"]
     fig = figure(rows, "curves")
-    assert set(curves_by_label(fig)) == {"mean (2 seeds)", "nnm+median (2 seeds)"}
+    assert set(curves_by_label(fig)) == {f"mean {CI2}", f"nnm+median {CI2}"}
     assert fig.axes[0].get_title() == "FBN, SF on the mean and variance"
     store.close()
 
@@ -159,15 +168,21 @@ def test_heterogeneity_and_heatmap_use_the_words(tmp_path):
     fig = figure(rows, "heterogeneity")
     ax = fig.axes[0]
     handles, labels = ax.get_legend_handles_labels()
-    assert set(labels) == {"naive BN, no attack (2 seeds)", "FBN, no attack (2 seeds)",
-                           "naive BN, SF on the mean, nnm+median (2 seeds)", "FBN, SF on the mean, nnm+median (2 seeds)"}
+    assert set(labels) == {f"naive BN, no attack {CI2}", f"FBN, no attack {CI2}",
+                           f"naive BN, SF on the mean, nnm+median {CI2}", f"FBN, SF on the mean, nnm+median {CI2}"}
     bars = {label: handle.lines[0] for label, handle in zip(labels, handles)}
-    assert mcolors.to_hex(bars["FBN, no attack (2 seeds)"].get_color()) == \
-           mcolors.to_hex(bars["FBN, SF on the mean, nnm+median (2 seeds)"].get_color()) != \
-           mcolors.to_hex(bars["naive BN, no attack (2 seeds)"].get_color())
-    assert bars["FBN, no attack (2 seeds)"].get_linestyle() == "-" != bars["FBN, SF on the mean, nnm+median (2 seeds)"].get_linestyle()
-    assert bars["FBN, no attack (2 seeds)"].get_marker() != bars["FBN, SF on the mean, nnm+median (2 seeds)"].get_marker()
-    assert list(bars["FBN, no attack (2 seeds)"].get_ydata()) == pytest.approx([0.065, 0.565])
+    assert mcolors.to_hex(bars[f"FBN, no attack {CI2}"].get_color()) == \
+           mcolors.to_hex(bars[f"FBN, SF on the mean, nnm+median {CI2}"].get_color()) != \
+           mcolors.to_hex(bars[f"naive BN, no attack {CI2}"].get_color())
+    clean, attacked = bars[f"FBN, no attack {CI2}"], bars[f"FBN, SF on the mean, nnm+median {CI2}"]
+    assert clean.get_linestyle() == "-" != attacked.get_linestyle()
+    assert clean.get_marker() != attacked.get_marker()
+    assert list(clean.get_ydata()) == pytest.approx([0.065, 0.565])
+    # the error bars are the 95% Student-t interval over the two seeds (0.06 and 0.07 at gamma 0)
+    (container,) = [h for label, h in zip(labels, handles) if label == f"FBN, no attack {CI2}"]
+    low, high = (container.lines[2][0].get_segments()[0][:, 1])
+    expected = t_dist.interval(0.95, 1, loc=0.065, scale=sem([0.06, 0.07]))
+    assert (low, high) == pytest.approx((max(expected[0], 0.0), expected[1]))
     heat = figure(rows, "heatmap")
     panels = [a for a in heat.axes if a.get_title()]
     assert [a.get_title() for a in panels] == ["naive BN", "FBN"]
@@ -196,8 +211,8 @@ def test_seeds_with_histories_of_different_lengths_do_not_pool(tmp_path):
     rows = [{"norm": "fbn", "seed": s, "status": "done", "history": history(0.5, rounds), "final_acc": 0.5}
             for s, rounds in ((0, (3, 6)), (1, (3, 6)), (2, (3,)))]
     lines = curves_by_label(figure(rows, "curves"))
-    assert set(lines) == {"to round 6 (2 seeds)", "to round 3 (1 seed)"}
-    assert len(lines["to round 6 (2 seeds)"].get_xdata()) == 2
+    assert set(lines) == {f"to round 6 {CI2}", "to round 3 (1 seed, no interval)"}
+    assert len(lines[f"to round 6 {CI2}"].get_xdata()) == 2
 
 
 # ---- import ----------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ import json
 import math
 
 import pytest
+from scipy.stats import sem, ttest_rel
+from scipy.stats import t as t_dist
 
 from robustbn.cli import build_parser, main
 from robustbn.plots import KINDS, figure
@@ -97,6 +99,10 @@ def test_worst_case_pools_seeds_then_takes_the_minimum_over_attacks(db):
                           ("fbn", MEAN_DEFENSE, 0), ("fbn", MEAN_DEFENSE, 3), ("fbn", ROBUST_DEFENSE, 3)]
     t = rows["naive", MEAN_DEFENSE, 3]
     assert t["worst_acc"] == pytest.approx(0.21) and t["worst_std"] == pytest.approx(0.01 * 2 ** 0.5)
+    assert (t["ci_low"], t["ci_high"]) == pytest.approx(t_dist.interval(0.95, 1, loc=0.21, scale=sem([0.20, 0.22])))
+    # naive: nnm+median's worst case (ALIE, 0.46 and 0.48) beats the mean's (SF, 0.20 and 0.22) by 0.26 on both seeds
+    assert (t["verdict"], t["gap"], t["gap_pairs"]) == ("worse", pytest.approx(0.26), 2)
+    assert rows["naive", ROBUST_DEFENSE, 3]["verdict"] == "best" and rows["naive", ROBUST_DEFENSE, 3]["gap"] is None
     assert t["worst_attack"] == "SF on the mean" and t["worst_short"] == "SF (mean)"
     assert (t["worst_grad_attack"], t["worst_bn_mean_attack"], t["worst_bn_var_attack"]) == ("none", "sf", "honest")
     assert (t["attacks"], t["seeds"], t["diverged"]) == (3, 2, 0)
@@ -111,6 +117,13 @@ def test_worst_case_pools_seeds_then_takes_the_minimum_over_attacks(db):
     t = rows["fbn", ROBUST_DEFENSE, 3]
     assert t["worst_acc"] == pytest.approx(0.40) and t["worst_attack"] == "SF on the mean" and t["diverged"] == 1
     assert t["worst_std"] == pytest.approx(0.40 * 2 ** 0.5)  # the sample std of 0.8 and 0.0
+    assert (t["ci_low"], t["ci_high"]) == (0.0, 1.0)  # clipped: t.interval gives about [-4.7, 5.5]
+    # FBN: nnm+median's worst (SF: 0.0, 0.80) against the mean's (SF: 0.30, 0.32): per seed 0.30 and -0.48
+    assert t["verdict"] == "tied for best" == rows["fbn", MEAN_DEFENSE, 3]["verdict"]
+    d = ttest_rel([0.0, 0.80], [0.30, 0.32])
+    assert rows["fbn", MEAN_DEFENSE, 3]["gap"] == pytest.approx(0.40 - 0.31)
+    assert (rows["fbn", MEAN_DEFENSE, 3]["gap_low"], rows["fbn", MEAN_DEFENSE, 3]["gap_high"]) == \
+        pytest.approx(tuple(d.confidence_interval(0.95)))
     assert t["no_attack_acc"] == pytest.approx(0.86) and t["attacks"] == 3  # honest is a baseline, not an attack
     assert rows["fbn", MEAN_DEFENSE, 3]["worst_acc"] == pytest.approx(0.31)
     # f = 0: no attacker, the worst case is the clean accuracy
@@ -170,6 +183,9 @@ def test_results_worst_case_table_csv_json_and_where(db, capsys):
     assert "diverged: runs whose final accuracy is NaN or missing, counted as 0.0" in out
     robust_naive = next(line for line in lines if line.startswith("naive") and "nnm+median" in line)
     assert "0.4700" in robust_naive and "ALIE on the gradients" in robust_naive
+    assert "[0.3429, 0.5971]" in robust_naive and " best " in robust_naive
+    assert "95% CI" in lines[0] and "verdict" in header and "gap" in header
+    assert "95% CI: Student t over seeds, clipped to [0, 1]" in out and "tied for best" in out
 
     assert main(["results", "--db", str(db), "--worst-case", "--format", "json", "--where", "norm=fbn"]) == 0
     table = strict_json(capsys.readouterr().out)
@@ -235,10 +251,14 @@ def test_plot_worst_case_heatmap(db, tmp_path, capsys):
     assert [t.get_text() for t in f3.get_xticklabels()] == ["naive BN", "FBN"]
     assert [t.get_text() for t in panels[0].get_yticklabels()] == [MEAN_DEFENSE, ROBUST_DEFENSE]
     cells = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in f3.texts}
-    assert cells == {(0, 0): "0.21\nSF (mean)", (1, 0): "0.47\nALIE (grad)",
-                     (0, 1): "0.31\nSF (mean)", (1, 1): "0.40\nSF (mean)"}
+    # each cell: the worst case, its 95% interval over the two seeds (clipped to [0, 1]), the attack
+    assert cells == {(0, 0): "0.21\n[0.08, 0.34]\nSF (mean)", (1, 0): "0.47\n[0.34, 0.60]\nALIE (grad)",
+                     (0, 1): "0.31\n[0.18, 0.44]\nSF (mean)", (1, 1): "0.40\n[0.00, 1.00]\nSF (mean)"}
     clean = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in panels[0].texts}
-    assert clean == {(0, 0): "0.91\nno attack", (0, 1): "0.94\nno attack"}
+    assert clean == {(0, 0): "0.91\n[0.78, 1.00]\nno attack", (0, 1): "0.94\n[0.81, 1.00]\nno attack"}
+    # framed: naive's best (thick); FBN's two tied for best (thin)
+    frames = {(round(p.get_y() + 0.47), round(p.get_x() + 0.47)): p.get_linewidth() for p in f3.patches}
+    assert frames == {(1, 0): 1.5, (0, 1): 0.8, (1, 1): 0.8}
     assert f3.images[0].get_array()[1, 0] == pytest.approx(0.47)
 
     out = tmp_path / "plots" / "worst.png"
@@ -264,4 +284,4 @@ def test_settings_whose_defense_words_read_alike_are_told_apart(tmp_path, capsys
     (panel,) = [a for a in fig.axes if a.get_title()]
     assert panel.get_title() == "worst case over attacks"
     assert [t.get_text() for t in panel.get_yticklabels()] == ["median, agg_f=3", "median, agg_f=None"]
-    assert sorted(t.get_text() for t in panel.texts) == ["0.60\nSF (mean, var)", "0.70\nSF (mean, var)"]
+    assert sorted(t.get_text() for t in panel.texts) == ["0.60\n1 seed\nSF (mean, var)", "0.70\n1 seed\nSF (mean, var)"]
