@@ -31,6 +31,8 @@ from hypothesis.errors import Unsatisfiable
 
 from .base import sanitize
 from .pipeline import Pipeline, build
+# the declared kappa, and the measured one of any spec (re-exported: the kit's last answer)
+from .robustness import KappaMeasurement, kappa_of, lower_bound, measure_kappa
 
 HOSTILE = (float("nan"), float("inf"), -float("inf"), 1e38, -1e38)
 
@@ -123,20 +125,6 @@ def _steps(p: Pipeline):
 
 def _all(p: Pipeline, attribute: str, default: bool) -> bool:
     return all(getattr(step, attribute, default) for step in _steps(p))
-
-
-def kappa_of(p: Pipeline, n: int, f: int) -> float | None:
-    """The pipeline's declared (f, kappa) bound for n messages: its aggregator's `kappa(n, f)`,
-    through NNM as Allouah et al. (2023, Lemma 2) bound it (8f/(n-f) (kappa + 1)); None when a
-    step declares none."""
-    kappa = getattr(p.agg, "kappa", lambda n, f: None)(n, f)
-    if kappa is None:
-        return None
-    for step in reversed(p.pre):
-        if step.name != "nnm":
-            return None
-        kappa = 8 * f / (n - f) * (kappa + 1)
-    return kappa
 
 
 # ---- properties ----------------------------------------------------------------------------
@@ -423,3 +411,5 @@ def check_attack(name: str, f: int = 2, examples: int = 50, **params) -> list[Ou
 
 __all__ = ["HOSTILE", "Messages", "NotApplicable", "Outcome", "PROPERTIES", "check", "check_attack", "kappa_of",
            "message_sets"]
+
+__all__ += ["KappaMeasurement", "lower_bound", "measure_kappa"]
