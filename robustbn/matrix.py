@@ -101,6 +101,8 @@ def _matches(rule: dict[str, Any], combo: dict[str, Any]) -> bool:
 def expand(values: dict[str, Any], source: str = "<scenario>") -> list[Scenario]:
     """The validated scenarios of one file's values (after overrides), in file order."""
     unknown = sorted(set(values) - set(FIELDS) - SPECIAL)
+    if "search" in unknown:
+        raise MatrixError(f"{source}: a search file (its [search] table); run it with `robustbn attack-search`")
     if unknown:
         raise MatrixError(f"{source}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(FIELDS))}, "
                           f"and 'description', 'exclude'")
@@ -136,6 +138,13 @@ def expand(values: dict[str, Any], source: str = "<scenario>") -> list[Scenario]
 
 def load(path: str | Path, overrides: list[str] = ()) -> tuple[dict[str, Any], list[Scenario]]:
     """(the file's values with overrides applied, its expanded scenarios)."""
+    values = read(path, overrides)
+    return values, expand(values, str(path))
+
+
+def read(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
+    """A scenario file's values with overrides applied, not yet expanded; its directory is
+    searched first for its `module:Name` references."""
     if str(path) == "":
         raise MatrixError("an empty path; give a scenario file (a TOML file)")
     path = Path(path)
@@ -163,4 +172,4 @@ def load(path: str | Path, overrides: list[str] = ()) -> tuple[dict[str, Any], l
             raise MatrixError(f"--set {key}: unknown key; allowed: {', '.join(sorted(FIELDS))}")
         values[key] = value
     add_search_path(path.resolve().parent)  # `module:Name` references: beside the file first
-    return values, expand(values, str(path))
+    return values

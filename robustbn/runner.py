@@ -56,12 +56,15 @@ def filter_rates(fed: Federation, f: int) -> dict[str, float]:
 
 
 def run(scenario: Scenario | dict[str, Any], data: Dataset | None = None, progress=None,
-        vectorized: bool | None = None, checkpoint: Checkpointer | None = None) -> Result:
+        vectorized: bool | None = None, checkpoint: Checkpointer | None = None, on_evaluation=None) -> Result:
     """Run one scenario. `data` reuses an already loaded dataset (same name, on the scenario's
     device); `progress(round)` is called after each round (e.g. a progress bar's update);
     `vectorized` picks vmap (True) or the per-client loop (False), default by device.
     `checkpoint`: resume from its file when there is one, write it as it says, and on a stop
-    request (SIGINT, SIGTERM: robustbn.checkpoint) write it and raise Interrupted."""
+    request (SIGINT, SIGTERM: robustbn.checkpoint) write it and raise Interrupted.
+    `on_evaluation(history)` is called with the history so far (host numbers) after each
+    evaluation, and once on resuming from a checkpoint with evaluations; whatever it raises
+    ends the run (the attack search's pruner)."""
     sc = scenario if isinstance(scenario, Scenario) else Scenario.from_dict(scenario)
     sc.validated()
     start = time.perf_counter()
@@ -77,6 +80,9 @@ def run(scenario: Scenario | dict[str, Any], data: Dataset | None = None, progre
     def history():  # device tensors are read here only: no host sync inside the rounds
         return [{k: v.item() if isinstance(v, torch.Tensor) else v for k, v in h.items()} for h in evaluations]
 
+    if on_evaluation is not None and saved is not None and evaluations:
+        on_evaluation(history())
+
     def save():
         nonlocal evaluations
         evaluations = history()
@@ -89,6 +95,8 @@ def run(scenario: Scenario | dict[str, Any], data: Dataset | None = None, progre
             acc, loss = fed.evaluate()
             evaluations.append({"round": t, "test_acc": acc, "test_loss": loss, "train_loss": fed.pop_train_loss(),
                                 **filter_rates(fed, sc.f)})
+            if on_evaluation is not None:  # a host sync, for the hook's caller only
+                on_evaluation(history())
         if progress is not None:
             progress(t)
         if checkpoint is not None and (checkpoint.due(t, sc.rounds) or stop_requested() and t < sc.rounds):

@@ -5,7 +5,8 @@ run is claimed in one transaction by one process, with a lease its owner renews 
 (`claim`, `renew`); a run whose owner died is claimed again once the lease expired, and
 resumes from its last checkpoint (robustbn.checkpoint). A running run's row holds its history
 so far (`progress`); a finished one is `done`, or `diverged` when its final evaluation is not
-finite (its non-finite numbers stored as null), or `failed` with the error. Reading commands
+finite (its non-finite numbers stored as null), or `failed` with the error; `pruned`: stopped
+early by the attack search (robustbn.search), never a finished run. Reading commands
 open the store read-only (`Store(path, readonly=True)`): they never write.
 """
 
@@ -34,7 +35,7 @@ from typing import Any, Iterable
 
 from .channels import BN_CHANNEL_KEYS, expand_channels
 
-STATUSES = ("running", "done", "diverged", "failed")
+STATUSES = ("running", "done", "diverged", "failed", "pruned")
 FINISHED = ("done", "diverged")  # never run again
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS runs (
@@ -194,12 +195,12 @@ class Store:
 
     def _upgrade(self) -> None:
         """Create the runs table, or bring one written by an older robustbn to this schema:
-        new columns added; a status constraint without `diverged` rebuilt (rows kept)."""
+        new columns added; a status constraint without one of STATUSES rebuilt (rows kept)."""
         row = self.db.execute("SELECT sql FROM sqlite_master WHERE name = 'runs'").fetchone()
         if row is None:
             self.db.execute(SCHEMA)
             return
-        if "'diverged'" not in row[0]:
+        if any(f"'{s}'" not in row[0] for s in STATUSES):
             columns = ", ".join(c[1] for c in self.db.execute("PRAGMA table_info(runs)"))
             self.db.execute("ALTER TABLE runs RENAME TO runs_old")
             self.db.execute(SCHEMA)
@@ -297,6 +298,15 @@ class Store:
                  error, source, time.time(), wall_time_s, device, json.dumps(versions()), code_version(),
                  history[-1]["round"] if history else 0, resumed_from))
         return status
+
+    def prune(self, run_hash: str, history: list[dict], reason: str) -> None:
+        """Store a run the attack search stopped early: `pruned`, its history so far, `reason`."""
+        history, _ = finite_history(history)
+        with self.db:
+            self.db.execute("UPDATE runs SET status = 'pruned', history = ?, error = ?, finished = ?, code_version = ?, "
+                            "rounds_done = ?, owner = NULL, lease_until = NULL WHERE hash = ?",
+                            (json.dumps(history), reason, time.time(), code_version(),
+                             history[-1]["round"] if history else 0, run_hash))
 
     def fail(self, run_hash: str, error: str) -> None:
         with self.db:

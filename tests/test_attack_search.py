@@ -1,0 +1,294 @@
+"""`robustbn attack-search`: an Optuna search for the worst attack, every trial a run in the store."""
+
+import json
+import signal
+import sqlite3
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from robustbn import runner
+from robustbn import search as attack_search
+from robustbn.checkpoint import checkpoint_dir, request_stop
+from robustbn.cli import main
+from robustbn.store import FINISHED, Store
+
+from matrices import one_line_error, torch_threads
+
+ROOT = Path(__file__).parent.parent
+
+BASE = """
+dataset = "synthetic-images"
+model = "simple-cnn"
+partition = "iid"
+norm = "fbn"
+n = 5
+f = 1
+rounds = 6
+batch_size = 8
+eval_every = 2
+grad_agg = "mean"
+"""
+SPACE = """
+[search]
+trials = 6
+seed = {seed}
+[search.grad]
+attacks = ["none", "alie", "scale"]
+[search.grad.alie]
+z = [0.0, 3.0]
+[search.grad.scale]
+factor = [-1e4, -1e3]
+"""
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    with torch_threads(1):  # bit-for-bit runs (and fast ones on a shared 2-core machine)
+        yield
+
+
+def write(tmp_path, text, name="search.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def search(capsys, path, db, *extra) -> dict:
+    code = main(["attack-search", str(path), "--db", str(db), "--quiet", "--format", "json", *extra])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return json.loads(out.out)
+
+
+def trials_of(db) -> list[tuple]:
+    """(hash, status, history) of every run, in the order the search stored them."""
+    with Store(db, readonly=True) as store:
+        return [(r["hash"], r["status"], r["history"]) for r in store.rows()]
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """The scenarios runner.run is called with (a trial read back from the store is not run)."""
+    calls, real = [], runner.run
+
+    def run(sc, **kw):
+        calls.append(sc)
+        return real(sc, **kw)
+    monkeypatch.setattr(runner, "run", run)
+    return calls
+
+
+def test_a_fixed_seed_gives_the_same_search_and_another_seed_another(tmp_path, capsys):
+    path = write(tmp_path, BASE + SPACE.format(seed=0))
+    a, b = (search(capsys, path, tmp_path / f"{name}.sqlite") for name in "ab")
+    assert a == b and a["trials"] == 6
+    assert trials_of(tmp_path / "a.sqlite") == trials_of(tmp_path / "b.sqlite")
+    other = search(capsys, write(tmp_path, BASE + SPACE.format(seed=1), "other.toml"), tmp_path / "c.sqlite")
+    assert {h for h, *_ in trials_of(tmp_path / "c.sqlite")} != {h for h, *_ in trials_of(tmp_path / "a.sqlite")}
+    assert other["trials"] == 6
+
+
+def test_a_devastating_attack_against_the_mean_is_found(tmp_path, capsys):
+    """A huge negative scaling of one gradient out of five wrecks a plain mean: near chance (10
+    classes) or diverged (0.0), while the run without attack learns."""
+    out = search(capsys, write(tmp_path, BASE + SPACE.format(seed=0)), tmp_path / "s.sqlite")
+    worst = out["worst"]
+    assert worst["grad_attack"] == "scale" and -1e4 <= worst["grad_attack_params"]["factor"] <= -1e3
+    assert worst["final_acc"] <= 0.15 and worst["grad_agg"] == "mean" and worst["norm"] == "fbn"
+    with Store(tmp_path / "s.sqlite", readonly=True) as store:
+        run = [r for r in store.rows() if r["hash"] == worst["hash"]][0]
+    assert run["status"] in FINISHED and (run["final_acc"] or 0.0) == worst["final_acc"]
+    clean = runner.run(tomllib.loads(BASE))  # the same defense, no attack
+    assert clean.final_accuracy > worst["final_acc"] + 0.1
+
+
+def test_pruned_trials_are_marked_and_never_counted_as_finished_runs(tmp_path, capsys):
+    db, path = tmp_path / "s.sqlite", write(tmp_path, BASE + SPACE.format(seed=0))
+    with Store(db) as store:
+        outcome = attack_search.search(*attack_search.load(path), store, str(path), progress=False)
+    runs = trials_of(db)
+    pruned = [(h, history) for h, status, history in runs if status == "pruned"]
+    assert {t.hash for t in outcome.trials if t.status == "pruned"} == {h for h, _ in pruned} != set()
+    assert outcome.as_json()["pruned"] == outcome.count("pruned") >= len(pruned)  # a trial may repeat a run
+    with Store(db, readonly=True) as store:
+        rows = {r["hash"]: r for r in store.rows()}
+        finished = {r["hash"] for r in store.rows(status=FINISHED)}
+    for run_hash, history in pruned:
+        assert run_hash not in finished and rows[run_hash]["rounds_done"] < 6 == rows[run_hash]["rounds"]
+        assert rows[run_hash]["error"] == f"pruned at round {history[-1]['round']} by the attack search"
+    assert len(finished) + len(pruned) == len(runs)
+    assert main(["results", "--db", str(db), "--status", "pruned", "--format", "json"]) == 0
+    assert {r["hash"] for r in json.loads(capsys.readouterr().out)} == {h for h, _ in pruned}
+
+
+def test_trials_appear_in_results_worst_case(tmp_path, capsys):
+    db = tmp_path / "s.sqlite"
+    out = search(capsys, write(tmp_path, BASE + SPACE.format(seed=0)), db)
+    assert main(["results", "--db", str(db), "--worst-case", "--format", "json"]) == 0
+    (setting,) = json.loads(capsys.readouterr().out)
+    with Store(db, readonly=True) as store:
+        attacked = {r["hash"] for r in store.rows(status=FINISHED) if r["grad_attack"] != "none"}
+    assert setting["worst_acc"] == out["worst"]["final_acc"] and setting["attacks"] == len(attacked) >= 1
+
+
+def test_a_larger_trials_continues_a_search_without_repeating_finished_trials(tmp_path, capsys, counted):
+    path = write(tmp_path, BASE + SPACE.format(seed=0))
+    first = search(capsys, path, tmp_path / "a.sqlite", "--trials", "3")
+    ran_first = len(counted)
+    resumed = search(capsys, path, tmp_path / "a.sqlite", "--trials", "6")
+    ran_then = len(counted) - ran_first
+    fresh = search(capsys, path, tmp_path / "b.sqlite", "--trials", "6")
+    assert resumed == fresh and first["trials"] == 3
+    assert trials_of(tmp_path / "a.sqlite") == trials_of(tmp_path / "b.sqlite")
+    assert ran_first + ran_then == len(counted) - ran_first - ran_then  # every run once, as in one go
+    assert 1 <= ran_then <= 3
+    search(capsys, path, tmp_path / "a.sqlite", "--trials", "6")  # all read back from the store
+    assert len(counted) == 2 * (ran_first + ran_then)
+
+
+def test_a_search_killed_mid_trial_resumes_it_from_its_checkpoint(tmp_path, capsys, monkeypatch):
+    """SIGINT during trial 1 (round 3, after an evaluation): the run is checkpointed, the command
+    ends with 130; run again, the trial resumes from round 3 and the search ends as one run in
+    one go does."""
+    path, db = write(tmp_path, BASE + SPACE.format(seed=0)), tmp_path / "a.sqlite"
+    real = runner.run
+
+    def interrupted(sc, **kw):
+        progress = kw["progress"]
+        def stop_at_3(t):
+            progress(t)
+            if t == 3:
+                request_stop(signal.SIGINT)
+        return real(sc, **{**kw, "progress": stop_at_3})
+    monkeypatch.setattr(runner, "run", interrupted)
+    assert main(["attack-search", str(path), "--db", str(db), "--quiet", "--checkpoint-every", "100"]) == 130
+    assert "the same command resumes" in capsys.readouterr().err
+    ((run_hash, status, history),) = trials_of(db)
+    assert status == "running" and [h["round"] for h in history] == [2]
+    assert (checkpoint_dir(db) / f"{run_hash}.pt").exists()
+    monkeypatch.setattr(runner, "run", real)
+    resumed = search(capsys, path, db)
+    with Store(db, readonly=True) as store:
+        assert [r["resumed_from"] for r in store.rows() if r["hash"] == run_hash] == [3]
+    assert resumed == search(capsys, path, tmp_path / "b.sqlite")
+    assert [(h, s, hist) for h, s, hist in trials_of(db)] == trials_of(tmp_path / "b.sqlite")
+
+
+BOOM = """
+import attacks
+
+class Boom(attacks.Attack):
+    \"\"\"Fine at a small factor; above 5 it fails mid-run (a broken attack of a user's).\"\"\"
+    name = "boom"
+
+    def __init__(self, factor: float = 1.0):
+        self.factor = factor
+
+    def forge(self, honest, f):
+        if self.factor > 5:
+            raise RuntimeError("boom")
+        return -self.factor * honest.mean(0, keepdim=True).repeat(f, 1)
+"""
+
+
+def test_a_users_attack_is_searched_and_a_failing_trial_is_stored_failed(tmp_path, capsys, clean_search_path):
+    """`module:Name` attacks resolve beside the file; a trial whose run fails is stored `failed`
+    with its error, counted, and the search goes on (exit 1)."""
+    (tmp_path / "boomattack.py").write_text(BOOM)
+    path = write(tmp_path, BASE + '[search]\ntrials = 6\n[search.grad]\nattacks = ["boomattack:Boom"]\n'
+                           '[search.grad."boomattack:Boom"]\nfactor = [0.0, 10.0]\n')
+    db = tmp_path / "s.sqlite"
+    code = main(["attack-search", str(path), "--db", str(db), "--quiet", "--format", "json"])
+    out = capsys.readouterr()
+    result = json.loads(out.out)
+    with Store(db, readonly=True) as store:
+        rows = store.rows()
+    failed = [r for r in rows if r["status"] == "failed"]
+    assert code == 1 and result["failed"] == len(failed) >= 1 and result["trials"] == 6
+    assert all(r["grad_attack_params"]["factor"] > 5 and "boom" in r["error"] for r in failed)
+    assert all(r["grad_attack"] == "boomattack:Boom" for r in rows) and "failed: RuntimeError: boom" in out.err
+    assert result["worst"]["grad_attack_params"]["factor"] <= 5
+
+
+def test_the_evaluation_hook_leaves_a_run_unchanged(tmp_path):
+    """runner.run's on_evaluation (the pruner's feed) sees each evaluation once, as the history
+    ends up, and changes nothing in the run."""
+    values = dict(dataset="synthetic-images", model="simple-cnn", norm="fbn", n=5, f=1, rounds=6, batch_size=8,
+                  eval_every=2, grad_attack="alie", bn_mean_attack="sf", bn_var_attack="honest", bn_agg="median")
+    seen = []
+    plain, hooked = runner.run(values), runner.run(values, on_evaluation=lambda h: seen.append(h))
+    assert hooked.history == plain.history and hooked.bn_stats == plain.bn_stats
+    assert seen == [plain.history[:k] for k in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("text, words", [
+    (BASE, ["no [search] table"]),
+    (BASE + SPACE.format(seed=0).replace("trials = 6", "trials = 0"), ["[search] trials", ">= 1"]),
+    (BASE + SPACE.format(seed=0).replace("seed = 0", "seed = -1"), ["[search] seed"]),
+    (BASE + "[search]\ntrials = 2\n", ["declares no channel", "[search.grad]"]),
+    (BASE + "[search]\nbn_avg = {}\n", ["unknown key 'bn_avg'", "grad, bn_mean, bn_var"]),
+    (BASE.replace('norm = "fbn"', 'norm = ["fbn", "naive"]') + SPACE.format(seed=0), ["'norm' is a list",
+                                                                                     "one value per field"]),
+    (BASE.replace("f = 1", "f = 0") + SPACE.format(seed=0), ["key 'f'", "f >= 1"]),
+    (BASE + 'grad_attack = "sf"\n' + SPACE.format(seed=0), ["'grad_attack'", "leave grad_attack out"]),
+    (BASE + SPACE.format(seed=0).replace('"alie", "scale"', '"alie", "nosuch"'), ["[search.grad] attacks",
+                                                                                  "nosuch", "allowed"]),
+    (BASE + SPACE.format(seed=0).replace('attacks = ["none", "alie", "scale"]', "attacks = []"),
+     ["[search.grad] attacks", "non-empty list"]),
+    (BASE + SPACE.format(seed=0).replace("z = [0.0, 3.0]", "zz = [0.0, 3.0]"),
+     ["[search.grad.alie] zz", "does not take zz", "allowed: z"]),
+    (BASE + SPACE.format(seed=0).replace("[-1e4, -1e3]", "[-1e3, -1e4]"), ["[search.grad.scale] factor",
+                                                                           "low -1000.0 > high -10000.0"]),
+    (BASE + SPACE.format(seed=0).replace("[-1e4, -1e3]", '[-1e4, -1e3, "log"]'), ["factor", "log range",
+                                                                                  "low > 0"]),
+    (BASE + SPACE.format(seed=0).replace("[-1e4, -1e3]", '[1, 2, "lin"]'), ["factor", "can only be \"log\""]),
+    (BASE + SPACE.format(seed=0).replace("[-1e4, -1e3]", "[1, 2, 3, 4]"), ["factor", "expected [low, high]"]),
+    (BASE + SPACE.format(seed=0) + "[search.grad.sf]\n", ["[search.grad] 'sf'", "not one of its attacks"]),
+    (BASE.replace('norm = "fbn"', 'norm = "gn"') + SPACE.format(seed=0).replace("[search.grad]", "[search.bn_mean]")
+     .replace("search.grad.", "search.bn_mean."), ["[search.bn_mean]", "sends no BN statistics"]),
+    (BASE + SPACE.format(seed=0).replace("z = [0.0, 3.0]", "[search.grad.alie.z]\nlow = 0"),
+     ["[search.grad.alie] z", "got a table"]),
+    (BASE + "[search]\ngrad = 3\n",
+     ["[search.grad]", "must be a table"]),
+    (BASE + SPACE.format(seed=0).replace('"alie", "scale"', '"alie", "scale", "inf"') + "[search.grad.inf]\n"
+     "sign = [0.5, 1.0]\n", ["[search.grad.inf] sign", "integer"]),
+    (BASE + SPACE.format(seed=0).replace('"alie", "scale"', '"alie", "scale", "minmax"') + "[search.grad.minmax]\n"
+     'direction = ["std", "nosuch"]\n', ["[search.grad] 'minmax' at the high end", "direction"]),
+])
+def test_bad_search_files_get_one_line_errors(tmp_path, capsys, text, words):
+    db = tmp_path / "s.sqlite"
+    one_line_error(capsys, main(["attack-search", str(write(tmp_path, text)), "--db", str(db), "--quiet"]), *words)
+    assert not db.exists()
+
+
+def test_bad_options_get_one_line_errors(tmp_path, capsys):
+    path, db = write(tmp_path, BASE + SPACE.format(seed=0)), tmp_path / "s.sqlite"
+    one_line_error(capsys, main(["attack-search", str(path), "--db", str(db), "--jobs", "2"]), "--jobs 2", "--jobs 1")
+    one_line_error(capsys, main(["attack-search", str(path), "--db", str(db), "--trials", "0"]), "--trials", ">= 1")
+    one_line_error(capsys, main(["attack-search", str(tmp_path / "none.toml"), "--db", str(db)]), "no such")
+    one_line_error(capsys, main(["attack-search", str(path), "--db", str(db), "--set", "n=[4,5]"]), "'n' is a list")
+    assert not db.exists()
+
+
+def test_an_older_store_is_upgraded_to_take_pruned_runs(tmp_path):
+    db = tmp_path / "old.sqlite"
+    with sqlite3.connect(db) as con:  # the status constraint before `pruned`
+        con.execute("CREATE TABLE runs (hash TEXT PRIMARY KEY, scenario TEXT NOT NULL, status TEXT NOT NULL CHECK "
+                    "(status IN ('running', 'done', 'diverged', 'failed')), history TEXT)")
+        con.execute("""INSERT INTO runs VALUES ('old', '{"norm": "fbn"}', 'done', '[]')""")
+    with Store(db) as store:
+        store.claim("new", {"norm": "fbn"})
+        store.prune("new", [{"round": 2, "test_acc": 0.5, "test_loss": 1.0}], "pruned at round 2 by the attack search")
+        assert {r["hash"]: (r["status"], r["rounds_done"]) for r in store.rows()} == {
+            "old": ("done", 0), "new": ("pruned", 2)}
+
+
+def test_every_shipped_search_file_is_valid_and_no_matrix(capsys):
+    files = [p for p in sorted((ROOT / "scenarios").glob("*.toml")) if "[search]" in p.read_text()]
+    assert files
+    for path in files:
+        values, space = attack_search.load(path)
+        assert values.get("description") and space.channels and space.trials >= 1
+        one_line_error(capsys, main(["list", str(path)]), "a search file", "robustbn attack-search")
