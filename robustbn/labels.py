@@ -13,9 +13,10 @@ from typing import Any
 from .channels import BN_CHANNELS, CHANNELS, NOT_ATTACKS, PARTS, expand_channels
 from .protocols import PROTOCOLS
 
-IGNORED = {"seed", "device", "data_dir"}
-SUMMARY = {"final_acc", "best_acc", "final_loss", "rounds_done", "resumed_from", "status", "wall_time_s", "hash",
-           "history", "error", "code_version"}
+# fields of a store row that are no scenario field: results, where it ran, its records
+NOT_SCENARIO = frozenset({"device", "data_dir", "final_acc", "best_acc", "final_loss", "rounds_done",
+                          "resumed_from", "status", "wall_time_s", "hash", "history", "error", "bn_stats",
+                          "source", "versions", "code_version"})
 
 NORM_COLORS = {"naive": "tab:red", "fbn": "tab:blue", "fixbn": "tab:green", "hbn": "tab:purple",
                "fedbn": "tab:brown", "central": "black", "gn": "tab:olive", "none": "tab:gray"}
@@ -43,7 +44,7 @@ def text(v: Any) -> str:
 def varying(rows: list[dict[str, Any]], exclude: set[str] = frozenset()) -> list[str]:
     """Scenario fields that take more than one value among the rows (a field some rows lack
     counts as None there)."""
-    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in SUMMARY | IGNORED | set(exclude)]
+    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in NOT_SCENARIO | {"seed"} | set(exclude)]
     return [k for k in keys if len({repr(r.get(k)) for r in rows}) > 1]
 
 

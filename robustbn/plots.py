@@ -20,8 +20,8 @@ from .channels import BN_CHANNEL_KEYS, PARTS  # noqa: E402
 from .labels import (  # noqa: E402
     NO_ATTACK,
     NORM_COLORS,
+    NOT_SCENARIO,
     OTHER_COLORS,
-    SUMMARY,
     attack_words,
     defense_words,
     group,
@@ -96,7 +96,7 @@ class Legend:
         attack = attack_words(row)
         return (norm_order(row["norm"]),
                 not attack.startswith(NO_ATTACK), attack, defense_words(row) != "mean", defense_words(row),
-                repr(sorted((k, text(v)) for k, v in row.items() if k not in SUMMARY)))
+                repr(sorted((k, text(v)) for k, v in row.items() if k not in NOT_SCENARIO)))
 
     def label(self, key: tuple, runs: list[dict[str, Any]], pooled: bool, suffix: str = "") -> str:
         words = ", ".join(self.parts[key] + ([suffix] if suffix else [])) or "all runs"

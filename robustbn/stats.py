@@ -31,17 +31,13 @@ from typing import Any, Callable, Iterable
 import numpy as np
 from scipy import stats as st
 
-from .labels import hashable
+from .labels import NOT_SCENARIO, hashable
 
 LEVEL = 0.95
 ACCURACY = (0.0, 1.0)  # accuracies' intervals are clipped to this range
 CI_WORDS = "95% CI: Student t over seeds"
 CLIPPED_WORDS = f"{CI_WORDS}, clipped to [0, 1]"
 PAIRED_WORDS = "95% CI: Student t over the paired differences"
-# fields of a store row that are no scenario field: results, where it ran, its records
-NOT_SCENARIO = frozenset({"device", "data_dir", "final_acc", "best_acc", "final_loss", "rounds_done",
-                          "resumed_from", "status", "wall_time_s", "hash", "history", "error", "bn_stats",
-                          "source", "versions", "code_version"})
 
 
 @dataclass(frozen=True)

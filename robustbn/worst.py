@@ -57,6 +57,7 @@ from typing import Any
 from .channels import CHANNELS, PARTS, expand_channels
 from .labels import (
     NO_ATTACK,
+    NOT_SCENARIO,
     attack_short,
     attack_words,
     hashable,
@@ -66,7 +67,7 @@ from .labels import (
     sort_key,
     varying,
 )
-from .stats import ACCURACY, NOT_SCENARIO, Estimate, accuracy, by_seed, distinct, interval, paired, scenario_fields
+from .stats import ACCURACY, Estimate, accuracy, by_seed, distinct, interval, paired, scenario_fields
 
 # the attack fields of every channel (attack and its parameters), and the BN shorthands
 ATTACK_PARTS = tuple(p for p in PARTS if p.startswith("attack"))

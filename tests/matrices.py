@@ -2,8 +2,17 @@
 on a CPU) and a fixed torch thread count for bit-for-bit comparisons."""
 
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
+
+SCENARIOS = Path(__file__).parent.parent / "scenarios"
+
+
+def shipped_matrix_files() -> list[Path]:
+    """The shipped scenario and matrix files; search files (a [search] table, run by `robustbn
+    attack-search`) are tests/test_attack_search.py's."""
+    return [p for p in sorted(SCENARIOS.glob("*.toml")) if "[search]" not in p.read_text()]
 
 TINY_RUN = """
 dataset = "synthetic-images"

@@ -16,7 +16,7 @@ from robustbn.execute import run_matrix
 from robustbn.matrix import MatrixError, expand, load, parse_override
 from robustbn.store import Store, scenario_hash
 
-from matrices import TINY_RUN, torch_threads
+from matrices import TINY_RUN, shipped_matrix_files, torch_threads
 
 ROOT = Path(__file__).parent.parent
 TINY = TINY_RUN + """norm = ["naive", "fbn"]
@@ -161,8 +161,8 @@ def test_jobs_mark_a_run_running_only_when_a_worker_takes_it(tmp_path):
 
 
 def test_every_shipped_scenario_file_is_valid():
-    files = [p for p in sorted((ROOT / "scenarios").glob("*.toml")) if "[search]" not in p.read_text()]
-    assert len(files) >= 8  # search files (robustbn attack-search): tests/test_attack_search.py
+    files = shipped_matrix_files()
+    assert len(files) >= 8
     for path in files:
         values, scenarios = load(path)
         assert values.get("description") and scenarios

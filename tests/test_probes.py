@@ -11,7 +11,7 @@ import torch
 
 from robustbn.cli import main
 
-from matrices import TINY_RUN, one_line_error
+from matrices import TINY_RUN, one_line_error, shipped_matrix_files
 
 
 @pytest.fixture
@@ -256,7 +256,7 @@ def test_every_shipped_scenario_fits_a_small_machine(monkeypatch):
     from robustbn.scenario import _model_size
 
     monkeypatch.setattr("robustbn.scenario.device_memory", lambda device: 2 * GIB)
-    files = sorted((Path(__file__).parent.parent / "scenarios").glob("*.toml"))
+    files = shipped_matrix_files()
     assert len(files) >= 8
     scenarios = [sc for path in files for sc in load(path)[1]]
     assert max(dataclasses.replace(sc, device="cuda").memory_estimate()[0] for sc in scenarios) <= 2 * GIB
