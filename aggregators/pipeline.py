@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -123,11 +124,12 @@ class Pipeline:
         return f"Pipeline({', '.join(map(repr, self.pre + [self.agg]))})"
 
 
-def _accepted(cls) -> set[str]:
+@functools.cache  # inspect.signature is most of a build's time, and builds are many (kit, filters)
+def _accepted(cls) -> frozenset[str]:
     """The keywords a step's constructor names (not `*args`, `**kwargs`: a step without a
     constructor of its own has object's, which takes nothing)."""
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return {k for k, p in inspect.signature(cls.__init__).parameters.items() if p.kind in named} - {"self"}
+    return frozenset(k for k, p in inspect.signature(cls.__init__).parameters.items() if p.kind in named) - {"self"}
 
 
 def build(spec: str, f: int = 0, n: int | None = None, seed: int | None = None, **params) -> Pipeline:

@@ -21,7 +21,7 @@ SPEC` prints the report.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
-from .base import sanitize
+from .base import is_stateful, sanitize
 from .pipeline import Pipeline, build
 # the declared kappa, and the measured one of any spec (re-exported: the kit's last answer)
 from .robustness import KappaMeasurement, kappa_of, lower_bound, measure_kappa
@@ -318,24 +318,37 @@ class Outcome:
 
 
 def check(spec: str, f: int | None = None, n: int | None = None, examples: int = 100, seed: int = 0,
-          **params) -> list[Outcome]:
-    """Run every property on `spec` (built with `params`) over hypothesis-drawn message sets
-    (f and n drawn unless given, n > 2f); each property's outcome, with the shrunk
-    counterexample of a failure. Raises ValueError for a spec that cannot be built.
+          properties: Iterable[str] | None = None, **params) -> list[Outcome]:
+    """Run every property (or those named in `properties`, keys of PROPERTIES) on `spec`
+    (built with `params`) over hypothesis-drawn message sets (f and n drawn unless given,
+    n > 2f); each property's outcome, with the shrunk counterexample of a failure. Raises
+    ValueError for a spec that cannot be built or an unknown property.
 
     Every drawn set goes through every property (one draw serves them all); the first failure
     is shrunk, reported for the property failing on the shrunk set, and the properties left
-    run again on fresh draws."""
-    # a bad spec: one clear error before anything runs
-    needs_reference = build(spec, f=f or 0, **params).needs_reference
+    run again on fresh draws. A pipeline that is neither random nor stateful is built once per
+    f; any other is built afresh for every call a property compares."""
+    # a bad spec or property: one clear error before anything runs
+    first = build(spec, f=f or 0, **params)
+    needs_reference, reuse = first.needs_reference, not first.random and not is_stateful(first)
+    chosen = list(PROPERTIES) if properties is None else list(properties)
+    unknown = [name for name in chosen if name not in PROPERTIES]
+    if unknown:
+        raise ValueError(f"unknown propert{'ies' if len(unknown) > 1 else 'y'} {', '.join(map(repr, unknown))}; "
+                         f"allowed: {', '.join(map(repr, PROPERTIES))}")
+    built: dict[int, Pipeline] = {}
 
     def make(m: Messages) -> Pipeline:
-        return build(spec, f=m.f, seed=seed, **params)
+        if not reuse:
+            return build(spec, f=m.f, seed=seed, **params)
+        if m.f not in built:
+            built[m.f] = build(spec, f=m.f, seed=seed, **params)
+        return built[m.f]
 
     sizes = st.just(n) if n is not None else st.none()
     outcomes: dict[str, Outcome] = {}
-    while len(outcomes) < len(PROPERTIES):
-        left = {name: prop for name, prop in PROPERTIES.items() if name not in outcomes}
+    while len(outcomes) < len(chosen):
+        left = {name: PROPERTIES[name] for name in chosen if name not in outcomes}
         seen = {"applicable": set(), "last": None, "failed": None}
 
         @_settings(examples)
@@ -369,7 +382,7 @@ def check(spec: str, f: int | None = None, n: int | None = None, examples: int =
             pass
         for name in left:
             outcomes[name] = Outcome(name, "held" if name in seen["applicable"] else "not applicable")
-    return [outcomes[name] for name in PROPERTIES]
+    return [outcomes[name] for name in chosen]
 
 
 def check_attack(name: str, f: int = 2, examples: int = 50, **params) -> list[Outcome]:

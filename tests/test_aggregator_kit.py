@@ -20,11 +20,12 @@ PIPELINES = ["nnm+median", "nnm+trmean", "nnm+krum", "bucketing+cc", "clipping+m
 SPECS = sorted(aggregators.AGGREGATORS) + [f"{p}+mean" for p in sorted(aggregators.PRE_AGGREGATORS)] + PIPELINES
 # NNM's rows satisfy exact linear identities, so the neighbours, Krum's scores or meamed's window
 # after it can rest on a tie that rounding decides: the order of the rows may then change the
-# output, or a shift or scale change it (README, the property kit). These comparisons may fail on
-# such draws; every other property must hold.
+# output, or a shift or scale change it (README, the property kit). These comparisons can fail on
+# such draws (whether one does depends on the rounding of the machine's BLAS), so they are not run
+# there (a failure would be shrunk for tens of seconds and tell nothing); every other property must hold.
 TIES = {"permutation invariance", "translation equivariance", "positive-scale equivariance",
         "stacked (vmap) equals one call per set"}
-MAY_FAIL = {"nnm+krum": TIES, "arc+nnm+meamed": TIES}
+NOT_RUN = {"nnm+krum": TIES, "arc+nnm+meamed": TIES}
 
 
 def failures(outcomes):
@@ -34,12 +35,13 @@ def failures(outcomes):
 @pytest.mark.parametrize("spec", SPECS)
 def test_every_registered_rule_holds_every_property_it_declares(spec):
     examples = EXAMPLES if spec in CATALOGUE else max(EXAMPLES, settings().max_examples)
-    outcomes = check(spec, examples=examples)
-    assert [o.name for o in outcomes] == list(PROPERTIES)
-    assert set(failures(outcomes)) <= MAY_FAIL.get(spec, set()), failures(outcomes)
+    run = [name for name in PROPERTIES if name not in NOT_RUN.get(spec, set())]
+    outcomes = check(spec, examples=examples, properties=run)
+    assert [o.name for o in outcomes] == run
+    assert not failures(outcomes), failures(outcomes)
     held = {o.name for o in outcomes if o.status != "not applicable"}
     assert {"output shape, dtype and device kept", "input never written", "finite under up to f hostile rows",
-            "identity on identical rows", "stacked (vmap) equals one call per set"} <= held
+            "identity on identical rows", "stacked (vmap) equals one call per set"} - NOT_RUN.get(spec, set()) <= held
     if "+" in spec:
         assert "a spec is its steps in turn" in held
     status = {o.name: o.status for o in outcomes}
@@ -47,6 +49,8 @@ def test_every_registered_rule_holds_every_property_it_declares(spec):
     for attribute, name in (("permutation_invariant", "permutation invariance"),
                             ("translation_equivariant", "translation equivariance"),
                             ("scale_equivariant", "positive-scale equivariance")):
+        if name not in status:
+            continue
         declared = not pipeline.random and all(getattr(s, attribute) for s in pipeline.pre + [pipeline.agg])
         assert (status[name] != "not applicable") == declared, (name, status[name])
 
@@ -124,3 +128,11 @@ def test_an_attack_that_writes_into_the_honest_messages_is_caught():
         assert set(failures(check_attack("writes", f=1, examples=10))) == {"honest messages never written"}
     finally:
         del attacks.ATTACKS["writes"]
+
+
+def test_a_chosen_subset_of_properties_runs_and_an_unknown_one_is_named():
+    outcomes = check("median", examples=EXAMPLES, properties=["honest coordinate range", "input never written"])
+    assert [(o.name, o.status) for o in outcomes] == [("honest coordinate range", "held"),
+                                                       ("input never written", "held")]
+    with pytest.raises(ValueError, match="unknown property 'symmetry'; allowed: 'output shape"):
+        check("median", properties=["symmetry"])
