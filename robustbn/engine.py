@@ -178,6 +178,15 @@ class Federation:
             self.local_var = torch.ones(self.h, c, device=self.device)
         self.count = self._values_per_channel()
 
+        self._init_server()
+        self.momentum_buf: torch.Tensor | None = None
+        self.local_momentum: dict[str, torch.Tensor] = {k: torch.zeros_like(v) for k, v in self.local.items()}
+        self.train_loss_sum = torch.zeros((), device=self.device)
+        self.train_loss_rounds = 0
+
+    def _init_server(self) -> None:
+        """The server's channels (attack and pipeline each) and client filter."""
+        sc = self.sc
         self.grad_channel, self.mean_channel, self.var_channel = (
             Channel(*sc.channel(name), sc.f, sc.seed + offset, sc.pipeline_f)
             for offset, name in enumerate(("grad", "bn_mean", "bn_var")))
@@ -187,10 +196,22 @@ class Federation:
         self.client_filter = None if sc.client_filter is None else \
             build_filter(sc.client_filter, **(sc.client_filter_params or {}))
         self.kept_history: list[torch.Tensor] = []  # per filtered round, the (n,) mask of clients kept
-        self.momentum_buf: torch.Tensor | None = None
-        self.local_momentum: dict[str, torch.Tensor] = {k: torch.zeros_like(v) for k, v in self.local.items()}
-        self.train_loss_sum = torch.zeros((), device=self.device)
-        self.train_loss_rounds = 0
+
+    @classmethod
+    def server_only(cls, sc: Scenario, channels_per_layer: list[int], count: torch.Tensor) -> "Federation":
+        """The server half alone, without model or data, for clients that compute elsewhere
+        (robustbn.flower): shared statistics, channels, client filter and the server step
+        `_exchange`; `count` is K per BN channel. Only the server's methods work on it."""
+        self = cls.__new__(cls)
+        self.sc, self.device = sc, torch.device(sc.device)
+        self.protocol = get_protocol(sc.norm).for_scenario(sc)
+        self.byzantine_rows = sc.f if sc.byzantine_hold_data else 0
+        self.has_root = sc.root_size is not None
+        self.channels_per_layer, self.count = list(channels_per_layer), count.to(self.device)
+        self.shared_mean = torch.zeros(sum(self.channels_per_layer), device=self.device)
+        self.shared_var = torch.ones(sum(self.channels_per_layer), device=self.device)
+        self._init_server()
+        return self
 
     # ---- building blocks -------------------------------------------------------------------
 
@@ -438,15 +459,40 @@ class Federation:
         self._apply_local(g_local, lr)
 
     def _fedavg_round(self) -> None:
-        sc, lr = self.sc, self.sc.lr_at(self.t)
-        m = max(1, round(sc.participation * self.honest))  # honest clients this round; the other rows always
+        m = max(1, round(self.sc.participation * self.honest))  # honest clients this round; the other rows always
         clients = None
         if m != self.honest:
             clients = torch.randperm(self.honest, generator=self.gen, device=self.device)[:m]
             if self.h > self.honest:
                 clients = torch.cat([clients, torch.arange(self.honest, self.h, device=self.device)])
-        rows = m + self.h - self.honest
+        theta, local, run_mean, run_var, stats, losses = self.local_round(clients)
+        for loss in losses:
+            self.train_loss_sum += loss[:m].mean() / self.sc.local_steps
+        deltas = _flat(theta, 1) - _flat(self.theta, 0)
+        update = torch.nan_to_num(self._exchange(deltas, stats, m), nan=0.0, posinf=0.0, neginf=0.0)
+        self.theta = _unflat(_flat(self.theta, 0) + update, self.theta, 0)
+        for k, v in local.items():
+            if clients is None:
+                self.local[k] = v
+            else:
+                self.local[k][clients] = v
+        if self.protocol.local_statistics:
+            if clients is None:
+                self.local_mean, self.local_var = run_mean, run_var
+            else:
+                self.local_mean[clients], self.local_var[clients] = run_mean, run_var
+
+    def local_round(self, clients: torch.Tensor | None = None, only: int | None = None):
+        """FedAvg's client half: sc.local_steps momentum-SGD steps of the rows `clients` (all:
+        None) from the global weights. `only`: compute row `only` alone (a client computing on
+        its own, robustbn.flower), every step still drawing all rows' mini-batches so that the
+        data generator advances as in the engine. Returns the rows' (weights, local parameters,
+        running mean, running var, statistics report or None, [per-step (rows,) losses])."""
+        sc, lr = self.sc, self.sc.lr_at(self.t)
+        rows = (len(clients) if clients is not None else self.h) if only is None else 1
         pick = (lambda v: v) if clients is None else (lambda v: v[clients])
+        if only is not None:
+            pick = lambda v: v[only : only + 1]
         local_stats, sends = self.protocol.local_statistics, self.protocol.sends(self.t)
         theta = {k: v.unsqueeze(0).repeat(rows, *[1] * v.dim()) for k, v in self.theta.items()}
         local = {k: pick(v) for k, v in self.local.items()}
@@ -456,14 +502,16 @@ class Federation:
             run_mean = self.shared_mean.expand(rows, -1)
             run_var = self.shared_var.expand(rows, -1)
         shared_buffers = self._buffers(self.shared_mean, self.shared_var)
-        measured = None
+        measured, losses = None, []
         velocity = {k: torch.zeros_like(v) for k, v in {**theta, **local}.items()}
         for _ in range(sc.local_steps):
             x, y = self._sample(clients)
+            if only is not None:
+                x, y = x[only : only + 1], y[only : only + 1]
             buffers = self._buffers(run_mean, run_var) if local_stats else shared_buffers
             (g_theta, g_local), aux = self._client_grads(theta, local, buffers, x, y,
                                                          theta_batched=True, buffers_batched=local_stats)
-            self.train_loss_sum += aux[0][:m].mean() / sc.local_steps
+            losses.append(aux[0])
             if self.measuring and not self.protocol.report_each_step and measured is None:
                 # a report measured once, under the weights received (HBN): the first local
                 # step's forward is that very pass, on a fresh mini-batch
@@ -476,20 +524,8 @@ class Federation:
             if self.measuring and self.protocol.report_each_step and (local_stats or sends):
                 run_mean, run_var = self.protocol.client_report(run_mean, run_var, aux[1], aux[2], self.count, sc.n,
                                                                 sc.bn_momentum)
-        deltas = _flat(theta, 1) - _flat(self.theta, 0)
         stats = None if local_stats or not sends else (measured if measured is not None else (run_mean, run_var))
-        update = torch.nan_to_num(self._exchange(deltas, stats, m), nan=0.0, posinf=0.0, neginf=0.0)
-        self.theta = _unflat(_flat(self.theta, 0) + update, self.theta, 0)
-        for k, v in local.items():
-            if clients is None:
-                self.local[k] = v
-            else:
-                self.local[k][clients] = v
-        if local_stats:
-            if clients is None:
-                self.local_mean, self.local_var = run_mean, run_var
-            else:
-                self.local_mean[clients], self.local_var[clients] = run_mean, run_var
+        return theta, local, run_mean, run_var, stats, losses
 
     # ---- checkpoints -----------------------------------------------------------------------
 
