@@ -219,6 +219,52 @@ def cmd_run(args) -> int:
 
 
 @_fail_cleanly
+def cmd_flower(args) -> int:
+    from .matrix import load
+    from .store import FINISHED, Store, scenario_hash
+    if not 1 <= args.jobs <= (os.cpu_count() or 1):
+        raise UsageError(f"--jobs must be between 1 and {os.cpu_count()} (Flower nodes computing at once, one "
+                         f"CPU each), got {args.jobs}")
+    _, scenarios = load(args.file, args.set)
+    try:
+        from . import flower
+    except ImportError as e:
+        raise UsageError(f"the Flower bridge needs flwr: pip install 'robustbn[flower]' ({e})") from None
+    for sc in scenarios:  # every scenario checked before any runs
+        flower.check_scenario(sc)
+    store = Store(args.db)
+    done = skipped = 0
+    failed = []
+    try:
+        for sc in scenarios:
+            values = sc.to_dict()
+            run_hash = scenario_hash(values, "flower")
+            if store.status(run_hash) in FINISHED:
+                skipped += 1
+                continue
+            store.claim(run_hash, values, str(args.file), engine="flower")
+            try:
+                result = flower.run_scenario(sc, cpus=args.jobs, verbose=args.verbose)
+            except Exception as e:  # noqa: BLE001 (a failed run is recorded, the others go on)
+                failed.append((run_hash, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+                store.fail(run_hash, failed[-1][1])
+                continue
+            store.finish(run_hash, values, result.history, result.bn_stats, result.wall_time_s, result.device,
+                         str(args.file), engine="flower")
+            done += 1
+            if not args.quiet:
+                print(f"{run_hash} {sc.norm} {sc.attacks_in_brief()}: final accuracy "
+                      f"{result.final_accuracy:.4f} ({result.wall_time_s:.1f} s, Flower)")
+    finally:
+        store.close()
+    print(f"{len(scenarios)} runs through Flower: {done} ran, {skipped} already done, {len(failed)} failed; "
+          f"results in {args.db}")
+    for run_hash, error in failed:
+        print(f"  failed {run_hash}: {error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+@_fail_cleanly
 def cmd_attack_search(args) -> int:
     """An Optuna search for the worst attack on one defense (robustbn.search)."""
     import json
@@ -723,6 +769,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Ray: GPUs per task, a fraction shares a GPU (default 0; needed for --device cuda)")
     p.add_argument("--retries", type=int, default=3, help="Ray: re-runs of a task whose worker died (default 3)")
     p.set_defaults(run=cmd_run)
+
+    p = sub.add_parser("flower", help="run a scenario or matrix file as Flower simulations (robustbn[flower])",
+                       formatter_class=raw,
+                       description="Run every scenario of FILE (FedAvg scenarios) as a Flower simulation "
+                                   "(flwr.simulation.run_simulation, RobustStrategy on the server, robustbn's data and "
+                                   "models on n nodes) into the results store, in rows marked engine = flower.",
+                       epilog="examples:\n  robustbn flower my_fedavg.toml --db results/flower.sqlite --jobs 2\n"
+                              "  robustbn results --db results/flower.sqlite")
+    p.add_argument("file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field (TOML value; a list makes an axis), repeatable")
+    p.add_argument("--db", default=DEFAULT_DB, help=f"results store (default {DEFAULT_DB})")
+    p.add_argument("--jobs", type=int, default=1, help="Flower nodes computing at once, one CPU each (default 1)")
+    p.add_argument("--quiet", action="store_true", help="no line per run")
+    p.add_argument("--verbose", action="store_true", help="Flower's and Ray's own logs")
+    p.set_defaults(run=cmd_flower)
 
     p = sub.add_parser("attack-search", help="search for the worst attack on one defense (Optuna)",
                        formatter_class=raw,

@@ -16,7 +16,7 @@ from .protocols import PROTOCOLS
 # fields of a store row that are no scenario field: results, where it ran, its records
 NOT_SCENARIO = frozenset({"device", "data_dir", "final_acc", "best_acc", "final_loss", "rounds_done",
                           "resumed_from", "status", "wall_time_s", "hash", "history", "error", "bn_stats",
-                          "source", "versions", "code_version"})
+                          "source", "versions", "code_version", "engine"})
 
 NORM_COLORS = {"naive": "tab:red", "fbn": "tab:blue", "fixbn": "tab:green", "hbn": "tab:purple",
                "fedbn": "tab:brown", "central": "black", "gn": "tab:olive", "none": "tab:gray"}

@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS runs (
     device TEXT,
     versions TEXT,
     code_version TEXT,
+    engine TEXT,
     rounds_done INTEGER,
     resumed_from INTEGER,
     owner TEXT,
@@ -60,8 +61,9 @@ CREATE TABLE IF NOT EXISTS runs (
 """
 # the CSV/JSON/table view of a run: scenario fields, then these
 RESULT_COLUMNS = ("final_acc", "best_acc", "final_loss", "rounds_done", "resumed_from", "status", "wall_time_s",
-                  "device", "code_version", "hash")
-OPTIONAL_EXPORT_COLUMNS = {"resumed_from", "code_version"}  # exports written before they existed lack them
+                  "device", "code_version", "engine", "hash")
+OPTIONAL_EXPORT_COLUMNS = {"resumed_from", "code_version", "engine"}  # exports written before they existed lack them
+ENGINES = ("robustbn", "flower")  # what computed a run: robustbn's engine, or a Flower simulation (robustbn flower)
 LEASE_S = 120.0  # a claim's lifetime; its owner renews it every LEASE_S / 4 (`execute.Lease`)
 
 
@@ -75,8 +77,12 @@ def _same(a: Any, b: Any) -> bool:
     return float(a) == float(b) if number(a) and number(b) else str(a) == str(b)
 
 
-def scenario_hash(scenario: dict[str, Any]) -> str:
-    """Stable across processes and machines: sha256 of the scenario's canonical JSON."""
+def scenario_hash(scenario: dict[str, Any], engine: str = "robustbn") -> str:
+    """Stable across processes and machines: sha256 of the scenario's canonical JSON. A run of
+    another engine than robustbn's (a Flower simulation) hashes with its engine's name, so
+    the two runs of one scenario are two rows; robustbn's runs keep the hash they had."""
+    if engine != "robustbn":
+        scenario = {**scenario, "engine": engine}
     canonical = json.dumps(scenario, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:20]
 
@@ -228,7 +234,7 @@ class Store:
         return row[0] if row else None
 
     def claim(self, run_hash: str, scenario: dict[str, Any], source: str = "", owner: str | None = None,
-              lease_s: float = LEASE_S) -> bool:
+              lease_s: float = LEASE_S, engine: str = "robustbn") -> bool:
         """Take the run for `owner`, atomically: False when it is finished, or running under
         another owner's unexpired lease. A failed run, an unclaimed one and one whose owner
         died (its lease expired, or it was a process of this host that is gone) are taken; the
@@ -242,10 +248,10 @@ class Store:
                 self.db.rollback()
                 return False
             self.db.execute(
-                "INSERT INTO runs (hash, scenario, status, source, started, owner, lease_until) "
-                "VALUES (?, ?, 'running', ?, ?, ?, ?) ON CONFLICT(hash) DO UPDATE SET status = 'running', "
+                "INSERT INTO runs (hash, scenario, status, source, started, owner, lease_until, engine) "
+                "VALUES (?, ?, 'running', ?, ?, ?, ?, ?) ON CONFLICT(hash) DO UPDATE SET status = 'running', "
                 "error = NULL, started = excluded.started, owner = excluded.owner, lease_until = excluded.lease_until",
-                (run_hash, json.dumps(scenario, sort_keys=True), source, now, owner, now + lease_s))
+                (run_hash, json.dumps(scenario, sort_keys=True), source, now, owner, now + lease_s, engine))
             self.db.commit()
             return True
         except BaseException:
@@ -277,25 +283,26 @@ class Store:
                             (json.dumps(history), rounds_done, resumed_from, run_hash, owner))
 
     def finish(self, run_hash: str, scenario: dict[str, Any], history: list[dict], bn_stats: dict,
-               wall_time_s: float, device: str, source: str = "", resumed_from: int | None = None) -> str:
-        """Store a finished run: `done`, or `diverged` when its final evaluation is not finite.
-        Returns the status written."""
+               wall_time_s: float, device: str, source: str = "", resumed_from: int | None = None,
+               engine: str = "robustbn") -> str:
+        """Store a finished run: `done`, or `diverged` when its final evaluation is not finite;
+        `engine`: what computed it (ENGINES). Returns the status written."""
         history, diverged = finite_history(history)
         status = "diverged" if diverged else "done"
         error = f"diverged: the evaluation at round {history[-1]['round']} is not finite" if diverged else None
         with self.db:
             self.db.execute(
                 "INSERT INTO runs (hash, scenario, status, history, bn_stats, error, source, finished, wall_time_s, "
-                "device, versions, code_version, rounds_done, resumed_from) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "device, versions, code_version, engine, rounds_done, resumed_from) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT(hash) DO UPDATE SET status = excluded.status, history = excluded.history, "
                 "bn_stats = excluded.bn_stats, error = excluded.error, finished = excluded.finished, "
                 "wall_time_s = excluded.wall_time_s, device = excluded.device, versions = excluded.versions, "
-                "code_version = excluded.code_version, "
+                "code_version = excluded.code_version, engine = excluded.engine, "
                 "rounds_done = excluded.rounds_done, resumed_from = excluded.resumed_from, owner = NULL, "
                 "lease_until = NULL",
                 (run_hash, json.dumps(scenario, sort_keys=True), status, json.dumps(history), json.dumps(bn_stats),
-                 error, source, time.time(), wall_time_s, device, json.dumps(versions()), code_version(),
+                 error, source, time.time(), wall_time_s, device, json.dumps(versions()), code_version(), engine,
                  history[-1]["round"] if history else 0, resumed_from))
         return status
 
@@ -361,11 +368,11 @@ class Store:
         they read as None."""
         statuses = None if status is None else {status} if isinstance(status, str) else set(status)
         have = {c[1] for c in self.db.execute("PRAGMA table_info(runs)")}
-        wanted = ("hash", "scenario", "status", "history", "wall_time_s", "device", "code_version", "error",
+        wanted = ("hash", "scenario", "status", "history", "wall_time_s", "device", "code_version", "engine", "error",
                   "rounds_done", "resumed_from")
         select = ", ".join(c if c in have else f"NULL AS {c}" for c in wanted)
         out = []
-        for (run_hash, scenario, st, history, wall, device, code, error, rounds_done, resumed_from) in self.db.execute(
+        for (run_hash, scenario, st, history, wall, device, code, engine, error, rounds_done, resumed_from) in self.db.execute(
                 f"SELECT {select} FROM runs ORDER BY rowid"):
             if statuses and st not in statuses:
                 continue
@@ -379,7 +386,7 @@ class Store:
                         "final_loss": last.get("test_loss"),
                         "rounds_done": rounds_done if rounds_done is not None else last.get("round", 0),
                         "resumed_from": resumed_from, "status": st, "wall_time_s": wall, "device": device,
-                        "code_version": code, "hash": run_hash, "history": hist, "error": error})
+                        "code_version": code, "engine": engine or "robustbn", "hash": run_hash, "history": hist, "error": error})
         return out
 
 
@@ -532,13 +539,16 @@ def read_export(path: str | Path) -> list[dict[str, Any]]:
             candidates = [_scenario_dict({**values, "device": d}) for d in devices]
         except ValueError as e:
             raise StoreError(f"{where}: {e}") from None
-        scenario = next((sc for sc in candidates if scenario_hash(sc) == run_hash), None)
+        engine = cells.get("engine") or "robustbn"
+        if engine not in ENGINES:
+            raise StoreError(f"{where}: column engine: {engine!r} is not one of {', '.join(ENGINES)}")
+        scenario = next((sc for sc in candidates if scenario_hash(sc, engine) == run_hash), None)
         if scenario is None:
             raise StoreError(f"{where}: the scenario read back from its cells hashes to "
-                             f"{scenario_hash(candidates[0])}, not {run_hash}: an edited cell, "
+                             f"{scenario_hash(candidates[0], engine)}, not {run_hash}: an edited cell, "
                              f"or an export from a robustbn version with other scenario fields")
         runs.append({"hash": run_hash, "scenario": json.dumps(scenario, sort_keys=True), "status": status,
                      "history": json.dumps(history) if history or status == "done" else None,
                      "source": str(path), "wall_time_s": wall, "device": device, "resumed_from": resumed_from,
-                     "code_version": cells.get("code_version") or None})
+                     "code_version": cells.get("code_version") or None, "engine": engine})
     return runs
