@@ -44,8 +44,8 @@ fashion_mnist() {
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
-  setup) setup test,ray; fashion_mnist ;;
+  setup) setup test,ray,flower; fashion_mnist ;;
   demo) setup test; fashion_mnist; exec "$VENV/bin/robustbn" demo "$@" ;;
-  test) setup test,ray; fashion_mnist; exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" ;;
+  test) setup test,ray,flower; fashion_mnist; exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" ;;
   *) echo "usage: ./dev.sh {demo|test|setup} [ARGS]" >&2; exit 2 ;;
 esac

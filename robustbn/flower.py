@@ -28,6 +28,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Iterable
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # Ray's FutureWarning on CPU-only nodes
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -218,13 +219,18 @@ class RobustStrategy(FedAvg):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
+        self.sent(arrays)
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def sent(self, arrays: ArrayRecord) -> None:
+        """The global arrays of this round: the updates are computed from them; the shared
+        statistics are theirs."""
         self._global = _state(arrays)
         self.layout.check(self._global, "the global arrays", self.layout.weights)
         if all(k in self._global for k in (*self.layout.means, *self.layout.variances)) and \
                 not self.protocol.local_statistics:
             mean, var = self.layout.statistics(self._global)
             self.server.shared_mean, self.server.shared_var = mean.to(self.server.device), var.to(self.server.device)
-        return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:

@@ -125,3 +125,20 @@ def test_layers():
                       ("robustbn.labels", "robustbn.plots"), ("robustbn.labels", "robustbn.worst"),
                       ("robustbn.worst", "robustbn.plots"), ("robustbn.protocols", "robustbn.models")]:
         assert not reaches(low, high), f"{low} reaches {high}"
+
+
+def test_only_the_flower_bridge_imports_flwr():
+    """flwr is an extra (robustbn[flower]): no module outside robustbn.flower imports it."""
+    importers = set()
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                    names = [node.module or ""]
+                else:
+                    continue
+                if any(name == "flwr" or name.startswith("flwr.") for name in names):
+                    importers.add(_module_name(path, ROOT))
+    assert importers == {"robustbn.flower"}
