@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 flwr = pytest.importorskip("flwr")
-from flwr.app import ArrayRecord, Message, Metadata, MetricRecord, RecordDict  # noqa: E402
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict  # noqa: E402
 
 import aggregators  # noqa: E402
 from robustbn import flower, runner  # noqa: E402
@@ -187,6 +187,150 @@ def test_label_flipping_wraps_a_train_function():
     wrapped(None, Ctx(3))
     assert torch.equal(seen[0], nn.functional.cross_entropy(logits, y))
     assert torch.equal(seen[1], nn.functional.cross_entropy(logits, 3 - y))
+
+
+def train_message(strategy: flower.RobustStrategy, state: dict, round_: int = 1) -> Message:
+    """What configure_train sends a node: the global arrays and the strategy's config."""
+    meta = Metadata(run_id=0, message_id="", src_node_id=0, dst_node_id=1, reply_to_message_id="", group_id="",
+                    created_at=0.0, ttl=60.0, message_type="train")
+    config = ConfigRecord({**strategy.client_config(round_), "server-round": round_})
+    return Message(RecordDict({"arrays": ArrayRecord(OrderedDict(state)), "config": config}), metadata=meta)
+
+
+def node_context() -> Context:
+    return Context(run_id=0, node_id=1, node_config={}, state=RecordDict(), run_config={})
+
+
+def sgd_steps(model: nn.Module, batches, lr: float = 0.1) -> list[tuple]:
+    """The user's loop; returns, per step, the first BN layer's (input, output, weight, bias)."""
+    seen = []
+    hook = model[1].register_forward_hook(lambda m, a, out: seen.append(
+        (a[0].detach(), out.detach(), m.weight.detach().clone(), m.bias.detach().clone())))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    model.train()
+    for x, y in batches:
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    hook.remove()
+    return seen
+
+
+def batches_of(seed: int, steps: int = 2, shift: float = 0.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(8, 1, 6, 6, generator=gen) + shift, torch.randint(0, 2, (8,), generator=gen))
+            for _ in range(steps)]
+
+
+def test_client_bn_fbn_normalizes_with_the_shared_statistics_and_reports_algorithm_2():
+    """Seed 002, Algorithm 2 on a plain nn.BatchNorm2d: every training forward normalizes with
+    the shared (mu, var) the server sent; the report is (1-b) prev + b batch mean and
+    (1-b) prev + b Kn/(Kn-1) biased batch variance, step after step, computed here by hand."""
+    model, n, beta = plain_model(), 5, 0.1
+    strategy = flower.RobustStrategy(model, n=n, norm="fbn", example_input=torch.zeros(8, 1, 6, 6))
+    shared_mean, shared_var = torch.tensor([0.5, -1.0, 2.0]), torch.tensor([2.0, 0.5, 3.0])
+    sent = {**model.state_dict(), "1.running_mean": shared_mean, "1.running_var": shared_var}
+    client = plain_model()
+    bn = flower.ClientBN(client, train_message(strategy, sent), node_context())
+    with bn:
+        seen = sgd_steps(client, batches_of(3))
+        assert torch.equal(client[1].running_mean, shared_mean)  # the buffers keep the shared statistics meanwhile
+    mean, var, kn = shared_mean, shared_var, 8 * 4 * 4 * n
+    for x, out, weight, bias in seen:
+        assert torch.allclose(out, nn.functional.batch_norm(x, shared_mean, shared_var, weight, bias, False, 0.0, 1e-5),
+                              atol=1e-6)
+        mean = (1 - beta) * mean + beta * x.mean((0, 2, 3))
+        var = (1 - beta) * var + beta * kn / (kn - 1) * x.var((0, 2, 3), unbiased=False)
+    assert not torch.equal(seen[0][2], seen[1][2])  # the BN weights trained
+    assert torch.allclose(client[1].running_mean, mean, atol=1e-6)
+    assert torch.allclose(client[1].running_var, var, atol=1e-6)
+    reply = bn.arrays().to_torch_state_dict()
+    assert list(reply) == list(model.state_dict()) and torch.equal(reply["1.running_var"], client[1].running_var)
+    assert type(client[1]).forward is client[1].forward.__func__  # the layer's own forward again after the block
+
+
+def test_client_bn_and_the_strategy_give_centralized_bn_statistics_of_the_union_batch():
+    """Seed 002, Appendix A, end to end on a plain model: three clients of different data, one
+    step each through ClientBN, the strategy's fbn server with mean pipelines: the shared
+    statistics are those of torch's BatchNorm on the union of the three batches."""
+    model, beta = plain_model(), 0.1
+    strategy = flower.RobustStrategy(model, n=3, norm="fbn", example_input=torch.zeros(8, 1, 6, 6))
+    xs = [batches_of(10 + i, steps=1, shift=float(i))[0] for i in range(3)]
+    states = []
+    for x in xs:
+        client = plain_model()
+        with flower.ClientBN(client, train_message(strategy, model.state_dict()), node_context()):
+            sgd_steps(client, [x])
+        states.append(client.state_dict())
+    out = aggregate(strategy, model, states)
+    central = nn.BatchNorm2d(3, momentum=beta).train()
+    with torch.no_grad():
+        central(model[0](torch.cat([x for x, _ in xs])))  # the union batch at the first BN layer
+    assert torch.allclose(out["1.running_mean"], central.running_mean, atol=1e-6)
+    assert torch.allclose(out["1.running_var"], central.running_var, rtol=1e-5)
+    naive_var = torch.stack([s["1.running_var"] for s in states]).mean(0)  # what averaging would give: biased
+    assert not torch.allclose(naive_var, central.running_var, rtol=1e-2)
+
+
+def test_client_bn_naive_is_torchs_own_batchnorm():
+    model = plain_model()
+    strategy = flower.RobustStrategy(model, n=4, norm="naive")
+    mine, torchs = plain_model(), plain_model()
+    with flower.ClientBN(mine, train_message(strategy, model.state_dict()), node_context()):
+        sgd_steps(mine, batches_of(5, steps=3))
+    sgd_steps(torchs, batches_of(5, steps=3))
+    for k, v in torchs.state_dict().items():
+        assert torch.allclose(mine.state_dict()[k], v, atol=1e-6), k
+
+
+def test_client_bn_fedbn_keeps_the_bn_layers_on_the_client():
+    model = plain_model()
+    strategy = flower.RobustStrategy(model, n=2, norm="fedbn")
+    context, client = node_context(), plain_model()
+    bn = flower.ClientBN(client, train_message(strategy, model.state_dict()), context)
+    with bn:
+        sgd_steps(client, batches_of(7))
+    assert set(bn.arrays()) == {"0.weight", "0.bias", "4.weight", "4.bias"}  # BN never leaves the client
+    own = {k: v.clone() for k, v in client.state_dict().items() if k.startswith("1.")}
+    assert not torch.equal(own["1.running_var"], torch.ones(3)) and not torch.equal(own["1.weight"], torch.ones(3))
+    round_2 = aggregate(strategy, model, [dict(client.state_dict())] * 2)  # the server's arrays: no BN keys
+    fresh = plain_model()  # a new model object, as a ClientApp builds every round
+    flower.ClientBN(fresh, train_message(strategy, round_2, 2), context)
+    state = fresh.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in own.items())
+    assert all(torch.equal(state[k], v) for k, v in round_2.items())
+    with pytest.raises(ValueError, match=r"^ClientBN: norm 'fedbn' keeps '1.weight' on the client between rounds: "
+                                         r"pass the ClientApp's context$"):
+        flower.ClientBN(plain_model(), train_message(strategy, round_2, 2))
+
+
+def test_client_bn_fixbn_frozen_phase_reports_nothing():
+    model = plain_model()
+    strategy = flower.RobustStrategy(model, n=2, norm="fixbn", fixbn_switch=1, rounds=4)
+    assert strategy.client_config(1)[flower.CONFIG_PHASE] == "train"
+    client = plain_model()
+    with flower.ClientBN(client, train_message(strategy, model.state_dict(), 2), node_context()):
+        seen = sgd_steps(client, batches_of(8))
+    assert torch.equal(client[1].running_mean, torch.zeros(3)) and torch.equal(client[1].running_var, torch.ones(3))
+    x, out, weight, bias = seen[1]
+    assert torch.allclose(out, nn.functional.batch_norm(x, torch.zeros(3), torch.ones(3), weight, bias, False, 0.0,
+                                                        1e-5), atol=1e-6)
+
+
+def test_client_bn_refuses_in_one_line():
+    model = plain_model()
+    msg = train_message(flower.RobustStrategy(model, n=2), model.state_dict())
+    for norm in ("hbn", "fbn-scale"):
+        msg.content["config"][flower.CONFIG_NORM] = norm
+        with pytest.raises(ScenarioError) as e:
+            flower.ClientBN(plain_model(), msg)
+        assert e.value.field == "norm" and "\n" not in str(e.value)
+        assert "needs robustbn's own BN layers" in str(e.value) and "naive, fbn, fixbn, fedbn, silobn" in str(e.value)
+    del msg.content["config"][flower.CONFIG_NORM]
+    with pytest.raises(ValueError, match=r"^ClientBN: the message's config has no 'robustbn-norm': the server's "
+                                         r"strategy is not a robustbn.flower.RobustStrategy$"):
+        flower.ClientBN(plain_model(), msg)
 
 
 EQUIVALENCE = dict(dataset="synthetic-images", algorithm="fedavg", local_steps=2, rounds=4, eval_every=2,
