@@ -56,6 +56,7 @@ ATTACK_FIELDS = ("grad_attack", "grad_attack_params", "bn_attack", "bn_attack_pa
                  *(k for k in BN_CHANNEL_KEYS if "_attack" in k))
 PARTITION = "partition-id"  # the reply metric (and node_config key) that orders the replies
 LOSSES = "train-losses"     # the reply metric: the client's loss at each local step
+LOCAL_MEAN, LOCAL_VAR = "local-mean", "local-var"  # client 0's evaluation metrics: its own BN statistics
 # what RobustStrategy tells the clients in every train/evaluate config, for ClientBN
 CONFIG_NORM, CONFIG_N, CONFIG_MOMENTUM, CONFIG_PHASE = "robustbn-norm", "robustbn-n", "robustbn-bn-momentum", \
     "robustbn-phase"
@@ -604,9 +605,10 @@ def client_app(sc: Scenario) -> ClientApp:
                                               **fed._buffers(fed.local_mean[pid], fed.local_var[pid])}, (x,))
             acc = (out.argmax(1) == y).float().mean()
             loss = F.cross_entropy(out, y)
-        return Message(RecordDict({"metrics": MetricRecord({PARTITION: pid, "num-examples": len(y),
-                                                            "test_acc": float(acc), "test_loss": float(loss)})}),
-                       reply_to=msg)
+        metrics = MetricRecord({PARTITION: pid, "num-examples": len(y), "test_acc": float(acc), "test_loss": float(loss)})
+        if pid == 0:  # a run's final statistics, where kept on the clients, are client 0's (runner.run's)
+            metrics.update({LOCAL_MEAN: fed.local_mean[pid].tolist(), LOCAL_VAR: fed.local_var[pid].tolist()})
+        return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
     return app
 
@@ -640,6 +642,14 @@ class _Evaluations:
                              **filter_rates(self.strategy.server, self.sc.f)})
 
 
+def initial_arrays(fed: Federation) -> ArrayRecord:
+    """The engine's initial global model as the ServerApp's first arrays: the weights and the
+    shared statistics in the model's keys."""
+    buffers = fed._buffers(fed.shared_mean, fed.shared_var)
+    return ArrayRecord(OrderedDict((k, fed.theta[k] if k in fed.theta else buffers.get(k, v))
+                                   for k, v in fed.model.state_dict().items()))
+
+
 def server_app(sc: Scenario, out: dict) -> ServerApp:
     """The ServerApp of a scenario: the scenario's strategy (`RobustStrategy.from_scenario`,
     with the engine's model, initial weights and K), the engine's evaluation of the global
@@ -655,6 +665,7 @@ def server_app(sc: Scenario, out: dict) -> ServerApp:
                                                 fraction_evaluate=1.0 if personalized else 0.0,
                                                 min_evaluate_nodes=sc.honest if personalized else 0)
         evaluations = _Evaluations(sc, fed, strategy)
+        local_stats: list[torch.Tensor] = []  # client 0's own statistics at the last evaluation (fedbn, silobn)
         strategy_train = strategy.aggregate_train
 
         def aggregate_train(server_round, replies):
@@ -667,11 +678,15 @@ def server_app(sc: Scenario, out: dict) -> ServerApp:
             strategy.configure_evaluate = lambda r, *a: configure(r, *a) if evaluations.due(r) else []
 
             def aggregate_evaluate(server_round, replies):
+                if not evaluations.due(server_round):  # Flower calls it every round, with no replies
+                    return None
                 honest = sorted((m for m in replies if not m.has_error() and _partition(m) < sc.honest),
                                 key=_partition)
                 acc = torch.tensor([_metric(m, "test_acc") for m in honest]).mean().item()
                 loss = torch.tensor([_metric(m, "test_loss") for m in honest]).mean().item()
                 evaluations.record(server_round, acc, loss)
+                if honest and _metric(honest[0], LOCAL_MEAN) is not None:
+                    local_stats[:] = [torch.tensor(_metric(honest[0], k)) for k in (LOCAL_MEAN, LOCAL_VAR)]
                 return MetricRecord({"test_acc": acc, "test_loss": loss})
             strategy.aggregate_evaluate = aggregate_evaluate
 
@@ -686,15 +701,11 @@ def server_app(sc: Scenario, out: dict) -> ServerApp:
             evaluations.record(server_round, acc.item(), loss.item())
             return MetricRecord({"test_acc": acc.item(), "test_loss": loss.item()})
 
-        initial = OrderedDict()
-        buffers = fed._buffers(fed.shared_mean, fed.shared_var)
-        for k, v in fed.model.state_dict().items():
-            initial[k] = fed.theta[k] if k in fed.theta else buffers.get(k, v)
-        result = strategy.start(grid=grid, initial_arrays=ArrayRecord(initial), num_rounds=sc.rounds,
+        result = strategy.start(grid=grid, initial_arrays=initial_arrays(fed), num_rounds=sc.rounds,
                                 evaluate_fn=evaluate)
         final = _state(result.arrays)
         mean, var = (strategy.layout.statistics(final) if fed.layer_names and not fed.protocol.local_statistics
-                     else (fed.shared_mean, fed.shared_var))
+                     else local_stats if local_stats else (fed.shared_mean, fed.shared_var))
         out["history"] = evaluations.history
         out["bn_stats"] = {name: {"mean": m.tolist(), "var": v.tolist()} for name, m, v in
                            zip(fed.layer_names, mean.split(fed.channels_per_layer), var.split(fed.channels_per_layer))}

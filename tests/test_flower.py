@@ -19,6 +19,7 @@ flwr = pytest.importorskip("flwr")
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict  # noqa: E402
 
 import aggregators  # noqa: E402
+import attacks  # noqa: E402
 from robustbn import flower, runner  # noqa: E402
 from robustbn.cli import main  # noqa: E402
 from robustbn.errors import ScenarioError  # noqa: E402
@@ -355,19 +356,61 @@ def test_robustbn_flower_reproduces_robustbn_run_naive_mean(tmp_path):
     assert main(["flower", str(path), "--db", str(db), "--quiet"]) == 0  # finished: skipped
 
 
+def one_thread(fn, *args, **kwargs):
+    """fn(...) with one torch thread, as every Flower node has (then the process's own again)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_robustbn_flower_reproduces_robustbn_run_fbn_under_attack():
     """(b) fbn, nnm+trmean on every channel, ALIE on the updates and SF on the BN means."""
     sc = Scenario.from_dict({**EQUIVALENCE, "n": 6, "f": 2, "norm": "fbn", "grad_agg": "nnm+trmean",
                              "bn_agg": "nnm+trmean", "grad_attack": "alie", "bn_mean_attack": "sf",
                              "bn_var_attack": "honest"})
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        engine = runner.run(sc, vectorized=False)
-    finally:
-        torch.set_num_threads(threads)
+    engine = one_thread(runner.run, sc, vectorized=False)
     bridge = flower.run_scenario(sc, cpus=2)
     assert bridge.history == engine.history and bridge.bn_stats == engine.bn_stats
+
+
+LABELFLIP_FEDBN = {**EQUIVALENCE, "n": 4, "f": 1, "norm": "fedbn", "gamma": 1.0, "grad_attack": "labelflip",
+                   "grad_agg": "trmean"}
+
+
+def test_robustbn_flower_reproduces_robustbn_run_fedbn_under_label_flipping():
+    """(c) FedBN's client-side path (each node's BN layers and statistics in its context.state;
+    the personalized evaluation, each honest client's model on its own test split, averaged)
+    and label flipping (the Byzantine node computes on flipped labels; its reply is kept and
+    aggregated by trmean): the history and client 0's final statistics, bit for bit."""
+    sc = Scenario.from_dict(LABELFLIP_FEDBN)
+    engine = one_thread(runner.run, sc, vectorized=False)
+    bridge = flower.run_scenario(sc, cpus=2)
+    assert bridge.history == engine.history and bridge.bn_stats == engine.bn_stats
+    assert [h["round"] for h in bridge.history] == [2, 4]  # evaluations only where due
+
+
+def test_robustbn_flower_byzantine_nodes_train_on_flipped_labels(monkeypatch):
+    """The scenario's ClientApp called in this process (no Ray), round 1: the Byzantine node's
+    reply changes when label flipping is made the identity, an honest node's does not."""
+    sc = Scenario.from_dict(LABELFLIP_FEDBN).validated()
+    app = flower.client_app(sc)
+    arrays = flower.initial_arrays(flower._federation(sc, fresh=True))
+    meta = Metadata(run_id=0, message_id="", src_node_id=0, dst_node_id=1, reply_to_message_id="", group_id="",
+                    created_at=0.0, ttl=60.0, message_type="train")
+
+    def reply(pid: int) -> dict:
+        msg = Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": 1})}), metadata=meta)
+        context = Context(run_id=0, node_id=pid, node_config={"partition-id": pid, "num-partitions": sc.n},
+                          state=RecordDict(), run_config={})
+        return one_thread(app, msg, context).content["arrays"].to_torch_state_dict()
+    flipped = {pid: reply(pid) for pid in (0, 3)}
+    monkeypatch.setattr(attacks.get("labelflip"), "flip", staticmethod(lambda labels, num_classes: labels))
+    plain = {pid: reply(pid) for pid in (0, 3)}
+    assert all(torch.equal(flipped[0][k], plain[0][k]) for k in plain[0])
+    assert not all(torch.equal(flipped[3][k], plain[3][k]) for k in plain[3])
 
 
 def test_robustbn_flower_refuses_what_it_does_not_run(tmp_path, capsys):
