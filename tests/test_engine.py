@@ -271,3 +271,30 @@ def test_cuda_run_learns_and_stays_on_the_device(norm):
               partition="gamma", gamma=0.2, eval_every=10, device="cuda")
     result = robustbn.run(sc)
     assert result.device.startswith("cuda") and result.final_accuracy > 0.5
+
+
+@pytest.mark.parametrize("model,norm", [("simple-cnn", "fbn"), ("cnn", "naive"), ("resnet20", "gn")])
+def test_evaluation_in_forward_chunks_gives_the_numbers_of_one_forward_per_batch(model, norm):
+    """The CPU's default evaluation forwards 250 test images at a time: each example's logits
+    in evaluation mode do not depend on the others, so accuracy and loss are those of one
+    forward per summed batch, bit for bit (stored runs keep their histories)."""
+    fed = federation(vectorized=False, model=model, norm=norm)
+    for _ in range(2):
+        fed.step()
+    whole = fed.evaluate(batch=200, forward_batch=200)
+    for chunk in (7, 64, None):
+        assert all(torch.equal(a, b) for a, b in zip(fed.evaluate(batch=200, forward_batch=chunk), whole)), chunk
+
+
+def test_dropout_is_off_in_evaluation_and_on_again_in_training():
+    """Seed 002's CNN has dropout 0.25: evaluation draws no mask (the same numbers twice, the
+    global generator untouched), and the rounds after it train with dropout again."""
+    fed = federation(vectorized=False, model="cnn", norm="fbn", dropout=0.25)
+    fed.step()
+    rng = torch.get_rng_state()
+    first = fed.evaluate()
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(a, b) for a, b in zip(fed.evaluate(), first))
+    assert fed.model.training and all(m.training for m in fed.model.modules())
+    fed.step()
+    assert not torch.equal(torch.get_rng_state(), rng)  # the round drew dropout masks
