@@ -63,6 +63,11 @@ $PLOT curves --where gamma=0.0 --where rounds=1500 --where f=0 \
   --out docs/img/fbn_central_gap.png --title "FBN vs centralized BN at gamma = 0, the paper's schedule (T = 1500, momentum 0.99)"
 # Worst case over attacks: defenses x norm protocols, the strongest attack of each family
 $RUN scenarios/worst_case_fmnist.toml
+$RUN scenarios/worst_case_fmnist.toml --set gamma=0.0 --set 'seed=[0, 1, 2, 3, 4]'  # the verdicts' five seeds
+# the adaptive worst case of three defenses (Optuna, 40 trials each, seeded; every trial a run in the store)
+for cell in fbn_nnm_trmean fbn_dnc naive_dnc; do
+  robustbn attack-search scenarios/search_$cell.toml --db $DB --format json > docs/search_$cell.json
+done
 WORST="--where rounds=150 --where batch_size=32 --where f=3 --where n=10 --where eval_every=25"
 for g in 0.0 1.0; do
   $PLOT worst-case $WORST --where gamma=$g --out docs/img/worst_case_gamma$g.png \
