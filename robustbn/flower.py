@@ -11,6 +11,9 @@ handling as a Flower strategy, and any FedAvg scenario run as a Flower simulatio
   the Byzantine nodes' replies are replaced by each channel's omniscient attack computed from
   the honest replies, as robustbn's engine does.
 - `LabelFlipping`: a ClientApp train function wrapper: Byzantine nodes train on flipped labels.
+- `ClientBN`: the client's half of the strategy's protocol on a user's plain torch model
+  (fbn: normalize with the shared statistics, report Algorithm 2's; fedbn: BN kept in
+  context.state).
 - `run_scenario(sc)`: a robustbn FedAvg scenario as a Flower simulation (`robustbn flower`),
   the clients computing with the engine's own client half (`Federation.local_round`).
 
@@ -141,8 +144,9 @@ class RobustStrategy(FedAvg):
     client_filter, bn_momentum, seed, ...): bad ones are one-line ScenarioErrors.
 
     model: the model the clients train (its keys and BN layers; a plain torch model with
-    nn.BatchNorm2d works: `naive` and `fedbn` need nothing more of the clients). The update
-    channel carries model deltas: reply weights minus the weights this strategy sent.
+    nn.BatchNorm2d works, its clients running `ClientBN` around their training: the strategy
+    sends the protocol in every train and evaluate config). The update channel carries model
+    deltas: reply weights minus the weights this strategy sent.
     example_input: one client's training batch, for the protocols whose server update needs
     K, the values per BN channel of a client's batch (fbn, hbn); `count` gives K directly.
     The rest of the keywords go to FedAvg (fraction_train defaults to 1: every node, every
@@ -740,7 +744,7 @@ def run_scenario(sc: Scenario | dict, cpus: int | None = None, verbose: bool = F
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                "init_args": {"num_cpus": cpus, "include_dashboard": False, "logging_level": logging.ERROR,
                              "log_to_driver": verbose}}
-    threads = torch.get_num_threads()
+    threads, pythonpath = torch.get_num_threads(), os.environ.get("PYTHONPATH")
     torch.set_num_threads(1)
     try:
         with _quiet_flower(verbose):
@@ -748,6 +752,11 @@ def run_scenario(sc: Scenario | dict, cpus: int | None = None, verbose: bool = F
                            verbose_logging=verbose)
     finally:
         torch.set_num_threads(threads)
+        # Flower's Ray backend appends this process's sys.path to PYTHONPATH, run after run
+        if pythonpath is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = pythonpath
     if "history" not in out:
         raise RuntimeError("the Flower simulation ended without a result (see the log above)")
     return Result(sc.to_dict(), out["history"], out["bn_stats"], time.perf_counter() - start, str(sc.device),
