@@ -604,11 +604,14 @@ def client_app(sc: Scenario) -> ClientApp:
         fed.set_phase("eval")
         x, y = fed.client_test[0][pid], fed.client_test[1][pid]
         from torch.func import functional_call
-        with torch.no_grad():
-            out = functional_call(fed.model, {**fed.theta, **{k: v[pid] for k, v in fed.local.items()},
-                                              **fed._buffers(fed.local_mean[pid], fed.local_var[pid])}, (x,))
-            acc = (out.argmax(1) == y).float().mean()
-            loss = F.cross_entropy(out, y)
+        fed.model.eval()  # dropout off, as the engine evaluates
+        try:
+            with torch.no_grad():
+                out = functional_call(fed.model, {**fed.theta, **{k: v[pid] for k, v in fed.local.items()},
+                                                  **fed._buffers(fed.local_mean[pid], fed.local_var[pid])}, (x,))
+        finally:
+            fed.model.train()
+        acc, loss = (out.argmax(1) == y).float().mean(), F.cross_entropy(out, y)
         metrics = MetricRecord({PARTITION: pid, "num-examples": len(y), "test_acc": float(acc), "test_loss": float(loss)})
         if pid == 0:  # a run's final statistics, where kept on the clients, are client 0's (runner.run's)
             metrics.update({LOCAL_MEAN: fed.local_mean[pid].tolist(), LOCAL_VAR: fed.local_var[pid].tolist()})
