@@ -490,9 +490,8 @@ class Federation:
         running mean, running var, statistics report or None, [per-step (rows,) losses])."""
         sc, lr = self.sc, self.sc.lr_at(self.t)
         rows = (len(clients) if clients is not None else self.h) if only is None else 1
-        pick = (lambda v: v) if clients is None else (lambda v: v[clients])
-        if only is not None:
-            pick = lambda v: v[only : only + 1]
+        pick = (lambda v: v[only : only + 1]) if only is not None else \
+            (lambda v: v) if clients is None else (lambda v: v[clients])
         local_stats, sends = self.protocol.local_statistics, self.protocol.sends(self.t)
         theta = {k: v.unsqueeze(0).repeat(rows, *[1] * v.dim()) for k, v in self.theta.items()}
         local = {k: pick(v) for k, v in self.local.items()}
