@@ -88,6 +88,8 @@ def _fail_cleanly(fn):
 
 WHERE_HELP = ("keep the runs whose scenario field KEY equals VALUE; a list is any of its values "
               "(--where 'n=[4,5]', --where 'norm=[fbn,naive]'); repeatable, every filter must hold")
+MATRIX_HELP = ("keep only the runs of this scenario or matrix file, at any seed and on any device (e.g. the "
+               "matrix's worst case without an attack search's trials that share its settings)")
 
 
 def _where(pairs: list[str], flag: str = "--where") -> list[tuple[str, list]]:
@@ -104,12 +106,18 @@ def _where(pairs: list[str], flag: str = "--where") -> list[tuple[str, list]]:
     return where
 
 
-def _rows(store, pairs: list[str], status=None) -> list[dict]:
-    """The store's runs (`Store.rows`) that every `--where` of `pairs` keeps."""
+def _rows(store, pairs: list[str], status=None, matrix: str | None = None) -> list[dict]:
+    """The store's runs (`Store.rows`) that every `--where` of `pairs` keeps, and with
+    `--matrix FILE` only the runs of that scenario file (any seed)."""
+    from .matrix import MatrixError, runs_of
     from .store import _same
 
     where = _where(pairs)
-    return [r for r in store.rows(status=status) if all(any(_same(r.get(k), v) for v in values) for k, values in where)]
+    rows = [r for r in store.rows(status=status) if all(any(_same(r.get(k), v) for v in values) for k, values in where)]
+    try:
+        return runs_of(matrix, rows) if matrix else rows
+    except MatrixError as e:
+        raise UsageError(f"--matrix {e}") from None
 
 
 def _params(pairs: list[str], reserved: dict[str, str]) -> dict:
@@ -368,7 +376,7 @@ def cmd_results(args) -> int:
         raise UsageError(f"{views[0]} reads finished runs only (leave out --status)")
     compared = _compared(args.compare) if args.compare else None
     with Store(args.db, readonly=True) as store:
-        rows = _rows(store, args.where, FINISHED if views else args.status)
+        rows = _rows(store, args.where, FINISHED if views else args.status, args.matrix)
     if args.worst_case:
         return _print_worst_case(rows, args.format)
     if args.pooled:
@@ -533,7 +541,7 @@ def cmd_plot(args) -> int:
     if args.kind == "heterogeneity" and args.x not in FIELDS:
         raise UsageError(f"--x {args.x}: not a scenario field; allowed: {', '.join(sorted(FIELDS))}")
     with Store(args.db, readonly=True) as store:
-        rows = _rows(store, args.where)
+        rows = _rows(store, args.where, matrix=args.matrix)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     try:
         plot(rows, args.kind, args.out, args.title, args.x)
@@ -862,12 +870,14 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="examples:\n  robustbn results\n  robustbn results --where norm=fbn --where f=3\n"
                               "  robustbn results --format json > results.json\n"
                               "  robustbn results --worst-case --where gamma=0.0\n"
+                              "  robustbn results --worst-case --matrix scenarios/worst_case_fmnist.toml\n"
                               "  robustbn results --worst-case --format csv > worst.csv\n"
                               "  robustbn results --pooled --where gamma=0.0\n"
                               "  robustbn results --compare bn_agg=mean bn_agg=nnm+median --where norm=fbn")
     p.add_argument("--db", default=DEFAULT_DB)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help=WHERE_HELP)
+    p.add_argument("--matrix", metavar="FILE", default=None, help=MATRIX_HELP)
     p.add_argument("--status", choices=["done", "diverged", "running", "failed", "pruned"], default=None,
                    help="running runs show their rounds_done and history so far")
     p.add_argument("--worst-case", action="store_true",
@@ -899,6 +909,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--db", default=DEFAULT_DB)
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help=WHERE_HELP)
+    p.add_argument("--matrix", metavar="FILE", default=None, help=MATRIX_HELP)
     p.add_argument("--x", default="gamma", help="x axis of the heterogeneity plot (default gamma; e.g. alpha)")
     p.add_argument("--title", default=None)
     p.set_defaults(run=cmd_plot)

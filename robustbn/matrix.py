@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -173,3 +174,30 @@ def read(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
         values[key] = value
     add_search_path(path.resolve().parent)  # `module:Name` references: beside the file first
     return values
+
+
+# the fields in which a run may differ from a scenario of a file and still be one of the
+# file's runs: the seeds users add (--set 'seed=[0, 1, 2, 3, 4]') and where it ran
+ANY_RUN_OF = ("seed", "device", "data_dir")
+
+
+def _cell(fields: dict[str, Any]) -> str | None:
+    """A scenario's fields but `ANY_RUN_OF`, canonical (one spelling per run), as JSON; None
+    for a row that is no scenario."""
+    known = {f.name for f in dataclasses.fields(Scenario)}
+    try:
+        values = Scenario(**{k: v for k, v in fields.items() if k in known}).canonical().to_dict()
+    except (ScenarioError, TypeError):
+        return None
+    return json.dumps({k: v for k, v in values.items() if k not in ANY_RUN_OF}, sort_keys=True, default=str)
+
+
+def runs_of(path: str | Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows (`Store.rows()`) that are runs of the scenario file `path`, at any seed and on
+    any device: what the file's worst case or plot is about, without the store's other runs
+    (an attack search's trials, say) that share its settings."""
+    values = read(path)
+    if "search" in values:
+        raise MatrixError(f"{path}: a search file, whose trials are no matrix's runs; give a scenario or matrix file")
+    cells = {_cell(sc.to_dict()) for sc in expand(values, str(path))}
+    return [r for r in rows if _cell(r) in cells]

@@ -197,12 +197,12 @@ def heatmap(rows, fig):
     fig.colorbar(im, ax=list(axes), label="final test accuracy: mean over the cell's runs, 95% CI (Student t)")
 
 
-def worst_case_figure(rows):
+def worst_case_figure(rows, title: str | None = None):
     """ByzFL-style worst-case heatmap (robustbn.worst has the definition): a row per defense
     (every sent channel's pipeline, in words), a column per norm mode, one panel per
     combination of the other setting fields that vary (f, gamma, ...). A cell is colored by
     the worst accuracy over attacks (seeds pooled) and annotated with it, its 95% interval over
-    seeds ("1 seed" where one) and the worst attack with the channels it hit ("SF (mean)");
+    seeds, the number of seeds (one: no interval) and the worst attack with the channels it hit ("SF (mean)");
     "no attack" where f = 0, "no attack run" where f > 0 but no attack was run. A frame marks
     the best defense of its norm protocol, or those tied for best (paired over seeds).
     Defenses whose words read alike in one panel and norm mode (e.g. agg_f unset and agg_f =
@@ -237,7 +237,9 @@ def worst_case_figure(rows):
                     ax.text(j, i, "no attack\nrun", ha="center", va="center", color="gray", fontsize=7)
                     continue
                 grid[i, j] = v = t["worst_acc"]
-                ci = ci_text(t["ci_low"], t["ci_high"], t["seeds"], digits=2).replace(", no interval", "")
+                seeds = f"{t['seeds']} seed{'s' * (t['seeds'] != 1)}"
+                ci = f"{ci_text(t['ci_low'], t['ci_high'], t['seeds'], digits=2)} ({seeds})" if t["ci_low"] is not None \
+                    else seeds  # one seed: no interval
                 ax.text(j, i, f"{v:.2f}\n{ci}\n{t['worst_short']}", ha="center",
                         va="center", color="white" if v < 0.6 else "black", fontsize=6.5)
                 if t["verdict"] in (BEST, TIED):
@@ -253,9 +255,10 @@ def worst_case_figure(rows):
         if n == 0:
             ax.set_ylabel("defense")
     fig.colorbar(im, ax=list(axes), label="worst-case accuracy")
-    fig.suptitle(f"final test accuracy under the worst attack run (mean over seeds; {CLIPPED_WORDS}), and that "
-                 "attack\nframed: the best defense per norm protocol (thick), or those tied for best (thin; paired "
-                 "over seeds)", fontsize=9)
+    caption = (f"final test accuracy under the worst attack run (mean over seeds; {CLIPPED_WORDS}; seeds), and "
+               "that attack\nframed: the best defense per norm protocol (thick), or those tied for best (thin; "
+               "paired over seeds)")
+    fig.suptitle(f"{title}\n{caption}" if title else caption, fontsize=9)
     return fig
 
 
@@ -270,7 +273,8 @@ def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: s
     if not rows:
         raise ValueError("no finished runs match: nothing to plot (see `robustbn results`)")
     if kind == "worst-case":
-        fig = worst_case_figure(rows)
+        fig = worst_case_figure(rows, title)  # the title above the caption that says what a cell is
+        title = None
     elif kind == "heatmap":
         fig = plt.figure(figsize=(4.5 * len({r["norm"] for r in rows}) + 3, 4.2), layout="constrained")
         heatmap(rows, fig)

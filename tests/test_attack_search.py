@@ -133,6 +133,40 @@ def test_trials_appear_in_results_worst_case(tmp_path, capsys):
     assert setting["worst_acc"] == out["worst"]["final_acc"] and setting["attacks"] == len(attacked) >= 1
 
 
+def test_matrix_keeps_a_files_runs_at_any_seed_and_leaves_the_trials_out(tmp_path, capsys):
+    """--matrix FILE: the worst case (and plot) of a matrix file's runs alone, seeds added with
+    --set included, though an attack search's trials share the matrix's settings."""
+    db = tmp_path / "s.sqlite"
+    out = search(capsys, write(tmp_path, BASE + SPACE.format(seed=0)), db)
+    matrix = write(tmp_path, BASE + 'seed = [0, 1]\ngrad_attack = "alie"\ngrad_attack_params = { z = 1.0 }\n',
+                   "matrix.toml")
+    for extra in ([], ["--set", "seed=2"]):
+        assert main(["run", str(matrix), "--db", str(db), "--quiet", *extra]) == 0
+    capsys.readouterr()
+    assert main(["results", "--db", str(db), "--worst-case", "--format", "json", "--matrix", str(matrix)]) == 0
+    (setting,) = json.loads(capsys.readouterr().out)
+    with Store(db, readonly=True) as store:
+        alie = [r for r in store.rows(status=FINISHED) if r["grad_attack_params"] == {"z": 1.0}]
+    assert len(alie) == 3 and setting["seeds"] == 3 and setting["attacks"] == 1
+    assert setting["worst_acc"] == pytest.approx(sum(r["final_acc"] for r in alie) / 3)
+    assert main(["results", "--db", str(db), "--worst-case", "--format", "json"]) == 0
+    (everything,) = json.loads(capsys.readouterr().out)
+    assert everything["worst_acc"] == out["worst"]["final_acc"] < setting["worst_acc"]
+    assert main(["results", "--db", str(db), "--format", "json", "--matrix", str(matrix)]) == 0
+    assert sorted(r["seed"] for r in json.loads(capsys.readouterr().out)) == [0, 1, 2]
+    assert main(["plot", "worst-case", "--db", str(db), "--out", str(tmp_path / "w.png"), "--matrix", str(matrix)]) == 0
+    assert (tmp_path / "w.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("name, words", [("none.toml", "--matrix"), ("search.toml", "a search file")])
+def test_matrix_refuses_what_is_no_matrix_in_one_line(tmp_path, capsys, name, words):
+    write(tmp_path, BASE + SPACE.format(seed=0))
+    Store(tmp_path / "s.sqlite").close()
+    for argv in (["results", "--worst-case"], ["plot", "worst-case", "--out", str(tmp_path / "w.png")]):
+        code = main([*argv, "--db", str(tmp_path / "s.sqlite"), "--matrix", str(tmp_path / name)])
+        one_line_error(capsys, code, "--matrix", words)
+
+
 def test_a_larger_trials_continues_a_search_without_repeating_finished_trials(tmp_path, capsys, counted):
     path = write(tmp_path, BASE + SPACE.format(seed=0))
     first = search(capsys, path, tmp_path / "a.sqlite", "--trials", "3")

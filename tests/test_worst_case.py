@@ -251,11 +251,11 @@ def test_plot_worst_case_heatmap(db, tmp_path, capsys):
     assert [t.get_text() for t in f3.get_xticklabels()] == ["naive BN", "FBN"]
     assert [t.get_text() for t in panels[0].get_yticklabels()] == [MEAN_DEFENSE, ROBUST_DEFENSE]
     cells = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in f3.texts}
-    # each cell: the worst case, its 95% interval over the two seeds (clipped to [0, 1]), the attack
-    assert cells == {(0, 0): "0.21\n[0.08, 0.34]\nSF (mean)", (1, 0): "0.47\n[0.34, 0.60]\nALIE (grad)",
-                     (0, 1): "0.31\n[0.18, 0.44]\nSF (mean)", (1, 1): "0.40\n[0.00, 1.00]\nSF (mean)"}
+    # each cell: the worst case, its 95% interval over the two seeds (clipped to [0, 1]) and their number, the attack
+    assert cells == {(0, 0): "0.21\n[0.08, 0.34] (2 seeds)\nSF (mean)", (1, 0): "0.47\n[0.34, 0.60] (2 seeds)\nALIE (grad)",
+                     (0, 1): "0.31\n[0.18, 0.44] (2 seeds)\nSF (mean)", (1, 1): "0.40\n[0.00, 1.00] (2 seeds)\nSF (mean)"}
     clean = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in panels[0].texts}
-    assert clean == {(0, 0): "0.91\n[0.78, 1.00]\nno attack", (0, 1): "0.94\n[0.81, 1.00]\nno attack"}
+    assert clean == {(0, 0): "0.91\n[0.78, 1.00] (2 seeds)\nno attack", (0, 1): "0.94\n[0.81, 1.00] (2 seeds)\nno attack"}
     # framed: naive's best (thick); FBN's two tied for best (thin)
     frames = {(round(p.get_y() + 0.47), round(p.get_x() + 0.47)): p.get_linewidth() for p in f3.patches}
     assert frames == {(1, 0): 1.5, (0, 1): 0.8, (1, 1): 0.8}
@@ -268,6 +268,15 @@ def test_plot_worst_case_heatmap(db, tmp_path, capsys):
     plot_parser = build_parser()._subparsers._group_actions[0].choices["plot"]
     kind = next(a for a in plot_parser._actions if a.dest == "kind")
     assert tuple(kind.choices) == KINDS
+
+
+def test_a_worst_case_plots_title_keeps_the_caption_that_says_what_a_cell_is(db):
+    with Store(db, readonly=True) as store:
+        rows = store.rows()
+    untitled, titled = figure(rows, "worst-case"), figure(rows, "worst-case", "gamma = 0, f = 3 of 10")
+    caption = untitled.get_suptitle()
+    assert "95% CI" in caption and "seeds" in caption and "framed" in caption
+    assert titled.get_suptitle() == f"gamma = 0, f = 3 of 10\n{caption}"
 
 
 def test_settings_whose_defense_words_read_alike_are_told_apart(tmp_path, capsys):
