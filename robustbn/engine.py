@@ -579,7 +579,7 @@ class Federation:
             with torch.no_grad():
                 if self.protocol.personalized:
                     return self._evaluate_personalized()
-                return self._evaluate_global(batch, forward_batch or (250 if self.device.type == "cpu" else batch))
+                return self._evaluate_global(batch, forward_batch or (100 if self.device.type == "cpu" else batch))
         finally:
             self.model.train()
 

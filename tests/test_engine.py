@@ -5,11 +5,14 @@ import functools
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.func import functional_call
 
 import robustbn
 from robustbn.data import load_dataset, partition
 from robustbn.engine import Federation, _flat
+from robustbn.models import MaxPool2d
 from robustbn.norm import collect_batch_stats, set_phase
 from robustbn.protocols import get, names
 from robustbn.scenario import Scenario
@@ -275,7 +278,7 @@ def test_cuda_run_learns_and_stays_on_the_device(norm):
 
 @pytest.mark.parametrize("model,norm", [("simple-cnn", "fbn"), ("cnn", "naive"), ("resnet20", "gn")])
 def test_evaluation_in_forward_chunks_gives_the_numbers_of_one_forward_per_batch(model, norm):
-    """The CPU's default evaluation forwards 250 test images at a time: each example's logits
+    """The CPU's default evaluation forwards 100 test images at a time: each example's logits
     in evaluation mode do not depend on the others, so accuracy and loss are those of one
     forward per summed batch, bit for bit (stored runs keep their histories)."""
     fed = federation(vectorized=False, model=model, norm=norm)
@@ -284,6 +287,52 @@ def test_evaluation_in_forward_chunks_gives_the_numbers_of_one_forward_per_batch
     whole = fed.evaluate(batch=200, forward_batch=200)
     for chunk in (7, 64, None):
         assert all(torch.equal(a, b) for a, b in zip(fed.evaluate(batch=200, forward_batch=chunk), whole)), chunk
+
+
+@given(n=st.integers(1, 6), c=st.integers(1, 9), h=st.integers(1, 13), w=st.integers(1, 13),
+       kind=st.sampled_from(["normal", "relu", "ties", "hostile"]), seed=st.integers(0, 2**31 - 1))
+def test_the_cpus_channels_last_max_pool_gives_nn_max_pool2ds_values_bit_for_bit(n, c, h, w, kind, seed):
+    """robustbn.models.MaxPool2d pools through the channels-last kernel in evaluation: the same
+    values as nn.MaxPool2d's NCHW kernel, odd sides, ties (a ReLU's zeros, equal values) and
+    NaN / inf included, and an NCHW output; in training it is nn.MaxPool2d itself."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, h, w, generator=gen)
+    if kind == "relu":
+        x = x.clamp_min(0)
+    elif kind == "ties":
+        x = x.round().clamp(-1, 1)
+    elif kind == "hostile":
+        x.view(-1)[torch.randint(0, x.numel(), (3,), generator=gen)] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    ours, reference = MaxPool2d(2), torch.nn.MaxPool2d(2)
+    if min(h, w) < 2:  # nothing to pool: both refuse alike
+        with pytest.raises(RuntimeError):
+            reference(x)
+        with pytest.raises(RuntimeError), torch.no_grad():
+            ours(x)
+        return
+    with torch.no_grad():
+        out, want = ours(x), reference(x)
+    assert out.is_contiguous() and torch.equal(out.isnan(), want.isnan())
+    assert torch.equal(out.nan_to_num(0.5), want.nan_to_num(0.5))
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours(a).nan_to_num(0.5).sum().backward()
+    reference(b).nan_to_num(0.5).sum().backward()
+    assert torch.equal(a.grad, b.grad)
+
+
+@pytest.mark.parametrize("model,norm", [("simple-cnn", "fbn"), ("cnn", "naive"), ("simple-cnn", "fedbn")])
+def test_evaluation_with_the_channels_last_pool_equals_nn_max_pool2d(model, norm):
+    """The engine's evaluation (global, and FedBN's per-client one under vmap) gives the
+    numbers of the same model with nn.MaxPool2d, bit for bit."""
+    fed = federation(vectorized=False, model=model, norm=norm)
+    fed.step()
+    ours = fed.evaluate()
+    for parent in fed.model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, MaxPool2d):
+                setattr(parent, name, torch.nn.MaxPool2d(child.kernel_size))
+    assert not any(isinstance(m, MaxPool2d) for m in fed.model.modules())
+    assert all(torch.equal(a, b) for a, b in zip(fed.evaluate(), ours))
 
 
 def test_dropout_is_off_in_evaluation_and_on_again_in_training():
