@@ -894,8 +894,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="plot results: curves, heterogeneity, heatmap, worst-case", formatter_class=raw,
                        description="curves: accuracy vs round, one line per combination of the fields that vary "
                                    "(seed 002, Figure 4); heterogeneity: final accuracy vs --x (Figure 3a); heatmap: "
-                                   "attack x defense final accuracy, one panel per norm mode. Seeds are pooled "
-                                   "(mean, and std as band or error bar). Lines: a color per norm mode, a line style "
+                                   "attack x defense final accuracy, one panel per norm mode. Seeds are pooled: the "
+                                   "mean, its 95% CI (Student t over seeds) as band, error bar or cell text, and "
+                                   "the number of seeds. Lines: a color per norm mode, a line style "
                                    "per defense (mean: solid), a marker per attack; legends in words (\"FBN, SF on the "
                                    "mean, nnm+median (2 seeds)\"), with key=value for any other field that varies. "
                                    "worst-case: defense x norm mode, one panel per other varying setting (f, gamma, ...), each "

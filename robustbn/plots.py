@@ -166,17 +166,20 @@ def heterogeneity(rows, ax, x="gamma") -> Legend:
     return legend
 
 
-def heatmap(rows, fig):
+def heatmap_figure(rows):
     """Final accuracy (mean over the runs of a cell: seeds and any other field, with its 95%
-    interval over those runs) by attack (in words, with the channel it hits) and defense (the
-    attacked channels' pipeline), one panel per norm mode."""
+    interval over those runs and their number) by attack (in words, with the channel it hits)
+    and defense (the attacked channels' pipeline), one panel per norm mode; the attacks named
+    once, left of the first panel (the panels' rows align)."""
     attack_of = {id(r): attack_words(r) for r in rows}
     defense_of = {id(r): defense_words(r) for r in rows}
     norms = sorted({r["norm"] for r in rows}, key=norm_order)
     attacks = sorted(set(attack_of.values()), key=lambda a: (not a.startswith(NO_ATTACK), a))
     defenses = sorted(set(defense_of.values()), key=lambda d: (d != "mean", d))
+    fig = plt.figure(figsize=(len(norms) * (0.3 + 1.25 * len(defenses)) + 3.5, 2.2 + 0.5 * len(attacks)),
+                     layout="constrained")
     axes = fig.subplots(1, len(norms), squeeze=False)[0]
-    for ax, norm in zip(axes, norms):
+    for n, (ax, norm) in enumerate(zip(axes, norms)):
         grid = np.full((len(attacks), len(defenses)), np.nan)
         words = {}
         for i, a in enumerate(attacks):
@@ -185,16 +188,21 @@ def heatmap(rows, fig):
                               if r["norm"] == norm and attack_of[id(r)] == a and defense_of[id(r)] == d], ACCURACY)
                 if e.n:
                     grid[i, j] = e.mean
-                    words[i, j] = f"{e.mean:.2f}\n{e.text(digits=2, unit='run')}"
-        im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis")
+                    runs = f"{e.n} run{'s' * (e.n != 1)}"
+                    words[i, j] = f"{e.mean:.2f}\n" + (f"{e.text(digits=2)} ({runs})" if e.has_interval else
+                                                       e.text(digits=2, unit="run"))
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
         for (i, j), text_ in words.items():
-            ax.text(j, i, text_, ha="center", va="center", color="white" if grid[i, j] < 0.6 else "black", fontsize=7)
+            ax.text(j, i, text_, ha="center", va="center", color="white" if grid[i, j] < 0.6 else "black",
+                    fontsize=6.5)
         ax.set_xticks(range(len(defenses)), defenses, rotation=30, ha="right")
-        ax.set_yticks(range(len(attacks)), attacks)
+        ax.set_yticks(range(len(attacks)), attacks if n == 0 else [""] * len(attacks))
         ax.set_title(norm_words(norm))
-        ax.set_xlabel("defense (pipeline of the attacked channels)")
-        ax.set_ylabel("attack")
+        ax.set_xlabel("defense (pipeline of\nthe attacked channels)")
+        if n == 0:
+            ax.set_ylabel("attack")
     fig.colorbar(im, ax=list(axes), label="final test accuracy: mean over the cell's runs, 95% CI (Student t)")
+    return fig
 
 
 def worst_case_figure(rows, title: str | None = None):
@@ -276,8 +284,7 @@ def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: s
         fig = worst_case_figure(rows, title)  # the title above the caption that says what a cell is
         title = None
     elif kind == "heatmap":
-        fig = plt.figure(figsize=(4.5 * len({r["norm"] for r in rows}) + 3, 4.2), layout="constrained")
-        heatmap(rows, fig)
+        fig = heatmap_figure(rows)
     else:
         fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
         legend = curves(rows, ax) if kind == "curves" else heterogeneity(rows, ax, x)

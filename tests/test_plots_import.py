@@ -3,6 +3,7 @@ and `robustbn import` (a store rebuilt from CSV exports, hash for hash)."""
 
 import csv
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -188,6 +189,11 @@ def test_heterogeneity_and_heatmap_use_the_words(tmp_path):
     assert [a.get_title() for a in panels] == ["naive BN", "FBN"]
     assert [t.get_text() for t in panels[0].get_yticklabels()] == ["no attack", "SF on the mean"]
     assert [t.get_text() for t in panels[0].get_xticklabels()] == ["mean", "nnm+median"]
+    # each cell: the mean, its 95% interval over the cell's runs and how many runs
+    cells = [t.get_text() for a in panels for t in a.texts]
+    assert cells and all(re.fullmatch(r"\d\.\d\d\n(\[\d\.\d\d, \d\.\d\d\] \(\d+ runs\)|1 run, no interval)", c)
+                         for c in cells), cells
+    assert any("runs)" in c for c in cells)
     for kind in ("heterogeneity", "heatmap"):
         plot(rows, kind, str(tmp_path / f"{kind}.png"))
         assert (tmp_path / f"{kind}.png").read_bytes()[:4] == b"\x89PNG"
