@@ -65,6 +65,7 @@ RESULT_COLUMNS = ("final_acc", "best_acc", "final_loss", "rounds_done", "resumed
 OPTIONAL_EXPORT_COLUMNS = {"resumed_from", "code_version", "engine"}  # exports written before they existed lack them
 ENGINES = ("robustbn", "flower")  # what computed a run: robustbn's engine, or a Flower simulation (robustbn flower)
 LEASE_S = 120.0  # a claim's lifetime; its owner renews it every LEASE_S / 4 (`execute.Lease`)
+LOCK_WAIT_S = 60.0  # how long a write waits for another process's lock on the store
 
 
 class StoreError(Exception):
@@ -170,7 +171,7 @@ def connect(path: str | Path, readonly: bool = False) -> sqlite3.Connection:
     try:
         if not readonly:
             path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(_uri(path, "ro" if readonly else "rwc"), uri=True, timeout=60)
+        db = sqlite3.connect(_uri(path, "ro" if readonly else "rwc"), uri=True, timeout=LOCK_WAIT_S)
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except (sqlite3.Error, OSError) as e:
         raise StoreError(f"{path}: cannot read it as a results store ({e})") from None
@@ -192,12 +193,33 @@ class Store:
         if readonly:
             return
         try:
-            self.db.execute("PRAGMA journal_mode=WAL")
-            with self.db:
+            self._wal()
+            # one transaction holding the write lock from the start: an upgrade (rename, copy,
+            # drop) is all or nothing, and a second process waits for it instead of failing
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
                 self._upgrade()
+            except BaseException:
+                self.db.rollback()
+                raise
+            self.db.commit()
         except sqlite3.Error as e:
             self.db.close()
             raise StoreError(f"{self.path}: cannot write to it ({e})") from None
+
+    def _wal(self) -> None:
+        """WAL mode (kept in the file). Switching a new store to it takes a lock SQLite does not
+        wait for when another process opens the store at the same moment: retried for as long as
+        the connection would wait for a lock."""
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                self.db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def _upgrade(self) -> None:
         """Create the runs table, or bring one written by an older robustbn to this schema:

@@ -155,3 +155,31 @@ def test_import_reads_a_spreadsheets_byte_order_mark_and_names_a_folder(tmp_path
     assert "1 added" in capsys.readouterr().out
     one_line_error(capsys, main(["import", str(tmp_path), "--db", str(tmp_path / "copy.sqlite")]),
                    "not a regular file")
+
+
+def _open_store(path, barrier, results):
+    barrier.wait()  # every process opens the new store at the same moment
+    try:
+        Store(path).close()
+        results.put("ok")
+    except Exception as e:  # reported to the test, which names it
+        results.put(f"{type(e).__name__}: {e}")
+
+
+def test_processes_creating_one_store_at_once_all_open_it(tmp_path):
+    """Two `robustbn run` on a new store start together (tests/test_resume.py does): switching
+    the new file to WAL took a lock SQLite does not wait for, and one of them failed with
+    "database is locked" in about a third of such starts. 3 processes, 15 new stores."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    for i in range(15):
+        barrier, results = context.Barrier(3), context.Queue()
+        procs = [context.Process(target=_open_store, args=(tmp_path / f"s{i}.sqlite", barrier, results))
+                 for _ in range(3)]
+        for p in procs:
+            p.start()
+        outcomes = [results.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join()
+        assert outcomes == ["ok"] * 3, outcomes
