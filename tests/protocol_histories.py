@@ -2,7 +2,9 @@
 the protocols (one file each) can be checked to change nothing. Written by running this file
 (`python tests/protocol_histories.py`, which overwrites tests/data/protocol_histories.json),
 compared within float32 rounding by tests/test_protocol_histories.py, and bit for bit on the
-machine that recorded them by `python tests/protocol_histories.py --check`."""
+machine that recorded them by `python tests/protocol_histories.py --check`. Recorded on the
+project's CPU machine with the torch its pip constraint installs (2.14.1): other builds differ
+in the last float32 digits."""
 
 import json
 from pathlib import Path
