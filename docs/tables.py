@@ -92,11 +92,8 @@ def finished_rows(path: str) -> list[dict]:
                          "status": run["status"], "final_acc": history[-1]["test_acc"] if history else None,
                          "wall_time_s": run["wall_time_s"]})
         return rows
-    store = Store(path)
-    try:
+    with Store(path, readonly=True) as store:
         return store.rows(status=FINISHED)
-    finally:
-        store.close()
 
 
 WORST_CASE_MATRIX = ROOT / "scenarios" / "worst_case_fmnist.toml"
@@ -175,13 +172,17 @@ def searched_worst(rows, matrix):
         searched = runs_of(ROOT / "scenarios" / f"searched_worst_{name}.toml", rows)
         if not searched:
             continue
-        (t,) = worst_case([r for r in matrix if setting(r) == setting(searched[0])])
+        table = worst_case([r for r in matrix if setting(r) == setting(searched[0])])
+        if not table:  # the matrix's runs of this defense are not in the store
+            continue
+        (t,) = table
         worst = [r for r in every_seed if setting(r) == setting(searched[0]) and same_attack(r, t)]
         catalogue, found = by_seed(worst), by_seed(searched)
         held_out = paired({s: a for s, a in catalogue.items() if s != 0}, found)
         fresh = paired({s: a for s, a in catalogue.items() if s >= 5}, found)
         diff = lambda e: f"{100 * e.mean:+.1f} {ci_text(e.low, e.high, e.n, scale=100, digits=1)} ({e.n} pairs)"
-        verdict = "searched worse" if distinct(held_out) and held_out.high < 0 else "tied"
+        verdict = ("tied" if not distinct(held_out) else "searched worse" if held_out.high < 0
+                   else "searched better")
         cat = cell(worst).replace(" (", f" ({t['worst_short']}, ", 1)
         print(f"| {searched[0]['norm']}, {setting_defense_words(searched[0])} | {cat} | {cell(searched)}: "
               f"{attack_words(searched[0])} | {diff(held_out)} | {diff(fresh)} | {verdict} |")

@@ -88,8 +88,8 @@ def _fail_cleanly(fn):
 
 WHERE_HELP = ("keep the runs whose scenario field KEY equals VALUE; a list is any of its values "
               "(--where 'n=[4,5]', --where 'norm=[fbn,naive]'); repeatable, every filter must hold")
-MATRIX_HELP = ("keep only the runs of this scenario or matrix file, at any seed and on any device (e.g. the "
-               "matrix's worst case without an attack search's trials that share its settings)")
+MATRIX_HELP = ("keep only the runs of this scenario or matrix file, at any seed, on any device and by either "
+               "engine (e.g. the matrix's worst case without an attack search's trials that share its settings)")
 
 
 def _where(pairs: list[str], flag: str = "--where") -> list[tuple[str, list]]:

@@ -189,13 +189,23 @@ def _cell(fields: dict[str, Any]) -> str | None:
         values = Scenario(**{k: v for k, v in fields.items() if k in known}).canonical().to_dict()
     except (ScenarioError, TypeError):
         return None
-    return json.dumps({k: v for k, v in values.items() if k not in ANY_RUN_OF}, sort_keys=True, default=str)
+    return json.dumps({k: _number(v) for k, v in values.items() if k not in ANY_RUN_OF}, sort_keys=True, default=str)
+
+
+def _number(value: Any) -> Any:
+    """Numbers as floats, in parameters too: a row read back with gamma = 0 is the file's 0.0."""
+    if isinstance(value, dict):
+        return {k: _number(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_number(v) for v in value]
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 def runs_of(path: str | Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows (`Store.rows()`) that are runs of the scenario file `path`, at any seed and on
-    any device: what the file's worst case or plot is about, without the store's other runs
-    (an attack search's trials, say) that share its settings."""
+    """The rows (`Store.rows()`) that are runs of the scenario file `path`, at any seed, on any
+    device and by either engine (robustbn's, a Flower simulation's): what the file's worst case
+    or plot is about, without the store's other runs (an attack search's trials, say) that
+    share its settings."""
     values = read(path)
     if "search" in values:
         raise MatrixError(f"{path}: a search file, whose trials are no matrix's runs; give a scenario or matrix file")

@@ -194,15 +194,18 @@ class Store:
             return
         try:
             self._wal()
-            # one transaction holding the write lock from the start: an upgrade (rename, copy,
-            # drop) is all or nothing, and a second process waits for it instead of failing
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                self._upgrade()
-            except BaseException:
-                self.db.rollback()
-                raise
-            self.db.commit()
+            if self._upgrades():
+                # one transaction holding the write lock from the start: an upgrade (rename,
+                # copy, drop) is all or nothing, and a second process waits for it instead of
+                # failing; inside it the schema is read again (that process may have done it)
+                self.db.execute("BEGIN IMMEDIATE")
+                try:
+                    for statement in self._upgrades():
+                        self.db.execute(statement)
+                except BaseException:
+                    self.db.rollback()
+                    raise
+                self.db.commit()
         except sqlite3.Error as e:
             self.db.close()
             raise StoreError(f"{self.path}: cannot write to it ({e})") from None
@@ -221,23 +224,21 @@ class Store:
                     raise
                 time.sleep(0.05)
 
-    def _upgrade(self) -> None:
-        """Create the runs table, or bring one written by an older robustbn to this schema:
-        new columns added; a status constraint without one of STATUSES rebuilt (rows kept)."""
+    def _upgrades(self) -> list[str]:
+        """The statements that create the runs table, or bring one written by an older robustbn
+        to this schema: new columns added; a status constraint without one of STATUSES rebuilt
+        (rows kept). Empty for a store of this version."""
         row = self.db.execute("SELECT sql FROM sqlite_master WHERE name = 'runs'").fetchone()
         if row is None:
-            self.db.execute(SCHEMA)
-            return
-        if any(f"'{s}'" not in row[0] for s in STATUSES):
-            columns = ", ".join(c[1] for c in self.db.execute("PRAGMA table_info(runs)"))
-            self.db.execute("ALTER TABLE runs RENAME TO runs_old")
-            self.db.execute(SCHEMA)
-            self.db.execute(f"INSERT INTO runs ({columns}) SELECT {columns} FROM runs_old")
-            self.db.execute("DROP TABLE runs_old")
-        have = {c[1] for c in self.db.execute("PRAGMA table_info(runs)")}
-        for definition in re.findall(r"^ {4}(\w+ [A-Z]+[^,\n]*),?$", SCHEMA, re.M):
-            if definition.split()[0] not in have:
-                self.db.execute(f"ALTER TABLE runs ADD COLUMN {definition}")
+            return [SCHEMA]
+        have = [c[1] for c in self.db.execute("PRAGMA table_info(runs)")]
+        if any(f"'{s}'" not in row[0] for s in STATUSES):  # rebuilt with every column of SCHEMA
+            columns = ", ".join(have)
+            return ["ALTER TABLE runs RENAME TO runs_old", SCHEMA,
+                    f"INSERT INTO runs ({columns}) SELECT {columns} FROM runs_old", "DROP TABLE runs_old"]
+        return [f"ALTER TABLE runs ADD COLUMN {definition}"
+                for definition in re.findall(r"^ {4}(\w+ [A-Z]+[^,\n]*),?$", SCHEMA, re.M)
+                if definition.split()[0] not in have]
 
     def close(self) -> None:
         self.db.close()

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torch.func import functional_call
+from torch.func import functional_call, vmap
 
 import robustbn
 from robustbn.data import load_dataset, partition
@@ -294,7 +294,8 @@ def test_evaluation_in_forward_chunks_gives_the_numbers_of_one_forward_per_batch
 def test_the_cpus_channels_last_max_pool_gives_nn_max_pool2ds_values_bit_for_bit(n, c, h, w, kind, seed):
     """robustbn.models.MaxPool2d pools through the channels-last kernel in evaluation: the same
     values as nn.MaxPool2d's NCHW kernel, odd sides, ties (a ReLU's zeros, equal values) and
-    NaN / inf included, and an NCHW output; in training it is nn.MaxPool2d itself."""
+    NaN / inf included, and an NCHW output; inside vmap too (where it falls back), and the
+    same gradients in training (where it is nn.MaxPool2d)."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, c, h, w, generator=gen)
     if kind == "relu":
@@ -315,9 +316,31 @@ def test_the_cpus_channels_last_max_pool_gives_nn_max_pool2ds_values_bit_for_bit
     assert out.is_contiguous() and torch.equal(out.isnan(), want.isnan())
     assert torch.equal(out.nan_to_num(0.5), want.nan_to_num(0.5))
     a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
-    ours(a).nan_to_num(0.5).sum().backward()
-    reference(b).nan_to_num(0.5).sum().backward()
-    assert torch.equal(a.grad, b.grad)
+    up = torch.randn(want.shape, generator=gen)
+    (ours(a).nan_to_num(0.5) * up).sum().backward()
+    (reference(b).nan_to_num(0.5) * up).sum().backward()
+    assert a.grad.is_contiguous() and torch.equal(a.grad, b.grad)
+    with torch.no_grad():
+        per_sample = [vmap(pool)(x.unsqueeze(1)).nan_to_num(0.5) for pool in (ours, reference)]
+    assert torch.equal(*per_sample)
+
+
+def test_the_channels_last_pool_runs_in_evaluation_only(monkeypatch):
+    """The fast path is taken where it is meant to be (evaluation on a CPU), and nowhere else."""
+    seen = []
+    forward = torch.nn.MaxPool2d.forward
+
+    def spy(self, x):
+        seen.append(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
+        return forward(self, x)
+    monkeypatch.setattr(torch.nn.MaxPool2d, "forward", spy)
+    x = torch.randn(4, 8, 6, 6)
+    with torch.no_grad():
+        MaxPool2d(2)(x)
+        MaxPool2d(2, return_indices=True)(x)  # indices asked for: nn.MaxPool2d's own
+        MaxPool2d(2, padding=1)(x)
+    MaxPool2d(2)(x.requires_grad_())  # training
+    assert seen == [True, False, False, False]
 
 
 @pytest.mark.parametrize("model,norm", [("simple-cnn", "fbn"), ("cnn", "naive"), ("simple-cnn", "fedbn")])

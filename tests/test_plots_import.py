@@ -194,6 +194,12 @@ def test_heterogeneity_and_heatmap_use_the_words(tmp_path):
     assert cells and all(re.fullmatch(r"\d\.\d\d\n(\[\d\.\d\d, \d\.\d\d\] \(\d+ runs\)|1 run, no interval)", c)
                          for c in cells), cells
     assert any("runs)" in c for c in cells)
+    # naive BN without attack: 4 runs (2 seeds x 2 gammas), against scipy
+    accs = [r["final_acc"] for r in rows if r["norm"] == "naive" and r["f"] == 0]
+    mean = sum(accs) / 4
+    low, high = t_dist.interval(0.95, 3, loc=mean, scale=sem(accs))
+    naive = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in panels[0].texts}
+    assert naive[0, 0] == f"{mean:.2f}\n[{max(low, 0.0):.2f}, {min(high, 1.0):.2f}] (4 runs)"
     for kind in ("heterogeneity", "heatmap"):
         plot(rows, kind, str(tmp_path / f"{kind}.png"))
         assert (tmp_path / f"{kind}.png").read_bytes()[:4] == b"\x89PNG"
