@@ -30,6 +30,7 @@ from aggregators.plugins import add_search_path
 
 from .channels import BN_CHANNELS, PARTS
 from .scenario import Scenario, ScenarioError
+from .store import scenario_dict
 
 FIELDS = {f.name: f for f in dataclasses.fields(Scenario)}
 LIST_VALUED = {"lr_milestones"}  # a plain value of these is already a list
@@ -184,10 +185,9 @@ ANY_RUN_OF = ("seed", "device", "data_dir")
 def _cell(fields: dict[str, Any]) -> str | None:
     """A scenario's fields but `ANY_RUN_OF`, canonical (one spelling per run), as JSON; None
     for a row that is no scenario."""
-    known = {f.name for f in dataclasses.fields(Scenario)}
     try:
-        values = Scenario(**{k: v for k, v in fields.items() if k in known}).canonical().to_dict()
-    except (ScenarioError, TypeError):
+        values = scenario_dict(fields)
+    except (ValueError, TypeError):
         return None
     return json.dumps({k: _number(v) for k, v in values.items() if k not in ANY_RUN_OF}, sort_keys=True, default=str)
 

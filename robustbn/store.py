@@ -198,14 +198,10 @@ class Store:
                 # one transaction holding the write lock from the start: an upgrade (rename,
                 # copy, drop) is all or nothing, and a second process waits for it instead of
                 # failing; inside it the schema is read again (that process may have done it)
-                self.db.execute("BEGIN IMMEDIATE")
-                try:
+                with self.db:
+                    self.db.execute("BEGIN IMMEDIATE")
                     for statement in self._upgrades():
                         self.db.execute(statement)
-                except BaseException:
-                    self.db.rollback()
-                    raise
-                self.db.commit()
         except sqlite3.Error as e:
             self.db.close()
             raise StoreError(f"{self.path}: cannot write to it ({e})") from None
@@ -476,7 +472,7 @@ def _cell(text: str, types: set[str]) -> Any:
         return text
 
 
-def _scenario_dict(values: dict[str, Any]) -> dict[str, Any]:
+def scenario_dict(values: dict[str, Any]) -> dict[str, Any]:
     """The canonical scenario dict (what run hashes are computed from) of a row's fields; not
     validated: a run made on another machine (a GPU, other data paths) is still a run."""
     from .scenario import Scenario, ScenarioError
@@ -559,7 +555,7 @@ def read_export(path: str | Path) -> list[dict[str, Any]]:
         # the device column is the device a run ended on; an unfinished run's is unknown
         devices = [device] if device else ["cpu", "cuda", *(f"cuda:{i}" for i in range(8))]
         try:
-            candidates = [_scenario_dict({**values, "device": d}) for d in devices]
+            candidates = [scenario_dict({**values, "device": d}) for d in devices]
         except ValueError as e:
             raise StoreError(f"{where}: {e}") from None
         engine = cells.get("engine") or "robustbn"

@@ -201,6 +201,12 @@ class _LockedAtFirst:
     def __getattr__(self, name):
         return getattr(self.db, name)
 
+    def __enter__(self):
+        return self.db.__enter__()
+
+    def __exit__(self, *exc):
+        return self.db.__exit__(*exc)
+
 
 def test_the_switch_to_wal_is_retried_while_another_process_holds_it(tmp_path, monkeypatch):
     from robustbn import store as store_module
