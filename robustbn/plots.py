@@ -33,7 +33,7 @@ from .labels import (  # noqa: E402
     varying,
 )
 from .stats import ACCURACY, CLIPPED_WORDS, bands, ci_text, interval  # noqa: E402
-from .worst import BEST, DEFENSE_FIELDS, RESULT, TIED, worst_case  # noqa: E402
+from .worst import BEST, DEFENSE_FIELDS, RESULT, SEARCHED, TIED, worst_case  # noqa: E402
 
 KINDS = ("curves", "heterogeneity", "heatmap", "worst-case")
 # the pipeline of the attacked channels: "mean" (undefended) solid, each other a dash pattern
@@ -212,7 +212,8 @@ def worst_case_figure(rows, title: str | None = None):
     the worst accuracy over attacks (seeds pooled) and annotated with it, its 95% interval over
     seeds, the number of seeds (one: no interval) and the worst attack with the channels it hit ("SF (mean)");
     "no attack" where f = 0, "no attack run" where f > 0 but no attack was run. A frame marks
-    the best defense of its norm protocol, or those tied for best (paired over seeds).
+    the best defense of its norm protocol, or those tied for best (paired over seeds); "(searched)"
+    where the worst attack is a searched one (rows with `source`: robustbn.worst.matrix_rows).
     Defenses whose words read alike in one panel and norm mode (e.g. agg_f unset and agg_f =
     f) are told apart by key=value."""
     table = worst_case(rows)
@@ -248,7 +249,8 @@ def worst_case_figure(rows, title: str | None = None):
                 seeds = f"{t['seeds']} seed{'s' * (t['seeds'] != 1)}"
                 ci = f"{ci_text(t['ci_low'], t['ci_high'], t['seeds'], digits=2)} ({seeds})" if t["ci_low"] is not None \
                     else seeds  # one seed: no interval
-                ax.text(j, i, f"{v:.2f}\n{ci}\n{t['worst_short']}", ha="center",
+                found = " (searched)" if t.get("worst_kind") == SEARCHED else ""
+                ax.text(j, i, f"{v:.2f}\n{ci}\n{t['worst_short']}{found}", ha="center",
                         va="center", color="white" if v < 0.6 else "black", fontsize=6.5)
                 if t["verdict"] in (BEST, TIED):
                     ax.add_patch(plt.Rectangle((j - 0.47, i - 0.47), 0.94, 0.94, fill=False, edgecolor="red",
@@ -266,6 +268,8 @@ def worst_case_figure(rows, title: str | None = None):
     caption = (f"final test accuracy under the worst attack run (mean over seeds; {CLIPPED_WORDS}; seeds), and "
                "that attack\nframed: the best defense per norm protocol (thick), or those tied for best (thin; "
                "paired over seeds)")
+    if any(t.get("worst_kind") == SEARCHED for t in table):
+        caption += "\n(searched): the worst attack is an attack search's, confirmed as ordinary runs (searched_worst_*.toml)"
     fig.suptitle(f"{title}\n{caption}" if title else caption, fontsize=9)
     return fig
 

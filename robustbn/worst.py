@@ -36,6 +36,14 @@ The definition, exactly (`worst_case`):
   setting, on the seed-pooled mean as above; a seed's worst case is then that seed's accuracy
   under that attack (not the minimum over attacks within the seed, which would pick another
   attack per seed and bias every worst case low). With f = 0, the seed's no-attack accuracy.
+- **Where an attack came from**: rows may carry `source`, the scenario file they were read
+  from (`matrix_rows`: the catalogue's matrix, and the confirmation files of attack searches,
+  `scenarios/searched_worst_*.toml`, whose runs are ordinary runs of a searched attack).
+  `source` makes no setting: a searched attack is one more attack of the settings it shares.
+  `worst_source` names the file(s) of the worst attack's runs, `worst_kind` says "searched"
+  where they all come from confirmation files, else "catalogue" (None without sources). The
+  worst case is thus the lower of the catalogue's worst and the confirmed searched worst, with
+  the seeds and interval of the attack that achieved it.
 - **Verdicts**: settings that differ only in the defense (the channels' pipelines, `agg_f`,
   the client filter and its parameters, `root_size`) are compared within each norm protocol
   and value of every other setting field (f, gamma, ...). The best is the highest worst case
@@ -52,7 +60,8 @@ Words, orderings and value keys come from robustbn.labels (shared with the table
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterable
 
 from .channels import CHANNELS, PARTS, expand_channels
 from .labels import (
@@ -79,11 +88,45 @@ NOT_SETTING = NOT_SCENARIO | {"seed"}
 DEFENSE_FIELDS = frozenset({f"{c}_{p}" for c in CHANNELS for p in PARTS if not p.startswith("attack")}
                            | {f"bn_{p}" for p in PARTS if not p.startswith("attack")}
                            | {"agg_f", "client_filter", "client_filter_params", "root_size"})
-RESULT = ("worst_acc", "ci_low", "ci_high", "worst_std", "worst_attack", "worst_short",
-          *(f"worst_{k}" for k in ATTACK_FIELDS), "attacks", "seeds", "diverged",
+RESULT = ("worst_acc", "ci_low", "ci_high", "worst_std", "worst_attack", "worst_short", "worst_kind",
+          "worst_source", *(f"worst_{k}" for k in ATTACK_FIELDS), "attacks", "seeds", "diverged",
           "verdict", "gap", "gap_low", "gap_high", "gap_pairs",
           "no_attack_acc", "no_attack_low", "no_attack_high", "no_attack_seeds")
 BEST, TIED, WORSE = "best", "tied for best", "worse"
+SEARCHED_PREFIX = "searched_worst_"  # a confirmation file of an attack search: its runs are searched attacks
+CATALOGUE, SEARCHED = "catalogue", "searched"
+
+
+def source_kind(path: Any) -> str | None:
+    """"searched" for a confirmation file (`searched_worst_*.toml`), "catalogue" for any other
+    file, None for no file."""
+    if not path:
+        return None
+    return SEARCHED if Path(str(path)).name.startswith(SEARCHED_PREFIX) else CATALOGUE
+
+
+def matrix_rows(paths: Iterable[str | Path], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows that are runs of any of the scenario files `paths` (robustbn.matrix.runs_of: at
+    any seed, device or engine), each with `source`, the first of the files that holds it (a
+    run counts once)."""
+    from .matrix import runs_of
+
+    out: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        for r in runs_of(path, rows):
+            key = r.get("hash") or id(r)
+            if key not in out:
+                out[key] = {**r, "source": str(path)}
+    return list(out.values())
+
+
+def _source(runs: list[dict[str, Any]]) -> tuple[str | None, str | None]:
+    """(worst_kind, worst_source) of one attack's runs."""
+    files = sorted({str(r["source"]) for r in runs if r.get("source")})
+    if not files:
+        return None, None
+    kind = SEARCHED if all(source_kind(f) == SEARCHED for f in files) else CATALOGUE
+    return kind, ", ".join(files)
 
 
 def _filled(row: dict[str, Any]) -> dict[str, Any]:
@@ -110,6 +153,18 @@ def setting_keys(rows: list[dict[str, Any]]) -> list[str]:
     return scenario_fields(rows, ATTACK_KEYS)
 
 
+def setting_groups(rows: list[dict[str, Any]]) -> tuple[list[str], dict[tuple, list[dict[str, Any]]]]:
+    """(the fields that make a setting, {a setting's values of them: its finished runs}), as
+    `worst_case` groups them; a table row `t` is the setting `tuple(hashable(t.get(k)) for k in
+    keys)`."""
+    rows = [_filled(r) for r in rows if r.get("status", "done") in ("done", "diverged")]
+    keys = setting_keys(rows)
+    settings: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        settings[tuple(hashable(r.get(k)) for k in keys)].append(r)
+    return keys, settings
+
+
 def worst_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The worst-case table of `rows` (as `Store.rows()` returns them; unfinished runs are
     left out): one dict per setting, sorted by norm mode (the plots' order), defense ("mean"
@@ -117,16 +172,13 @@ def worst_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     words, f, every other non-attack scenario field), then the columns of `RESULT`:
     worst_acc, ci_low, ci_high (its 95% interval over the seeds of the worst attack; None for
     one seed), worst_std (the spread over those seeds), worst_attack (in words), worst_short
-    (a few characters: "SF (mean)"), worst_<channel>_attack[_params] (the raw fields),
+    (a few characters: "SF (mean)"), worst_kind and worst_source (catalogue or searched, and
+    the file: rows with `source`, see `matrix_rows`), worst_<channel>_attack[_params] (the raw fields),
     attacks (how many), seeds (of the worst attack), diverged (runs of the setting counted as
     0.0), verdict, gap, gap_low, gap_high, gap_pairs (against the best defense, paired over
     seeds), no_attack_acc, no_attack_low, no_attack_high, no_attack_seeds. See the module's
     docstring for the definition."""
-    rows = [_filled(r) for r in rows if r.get("status", "done") in ("done", "diverged")]
-    keys = setting_keys(rows)
-    settings: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        settings[tuple(hashable(r.get(k)) for k in keys)].append(r)
+    keys, settings = setting_groups(rows)
     table, per_seed = [], {}
     for runs in settings.values():
         first = runs[0]
@@ -144,14 +196,17 @@ def worst_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if pooled:
             tie = lambda p: repr([hashable(p[3][k]) for k in ATTACK_FIELDS])
             e, seeds, words, r = min(pooled, key=lambda p: (p[0].mean, p[2], tie(p)))
-            worst = {"worst_attack": words, "worst_short": attack_short(r),
-                     **{f"worst_{k}": r[k] for k in ATTACK_FIELDS}}
+            kind, source = _source(attacked[tuple(hashable(r[k]) for k in ATTACK_FIELDS)])
+            worst = {"worst_attack": words, "worst_short": attack_short(r), "worst_kind": kind,
+                     "worst_source": source, **{f"worst_{k}": r[k] for k in ATTACK_FIELDS}}
         elif not first.get("f") and no_attack:
             e, seeds = no_attack
-            worst = {"worst_attack": NO_ATTACK, "worst_short": NO_ATTACK, **{f"worst_{k}": None for k in ATTACK_FIELDS}}
+            worst = {"worst_attack": NO_ATTACK, "worst_short": NO_ATTACK, "worst_kind": None, "worst_source": None,
+                     **{f"worst_{k}": None for k in ATTACK_FIELDS}}
         else:
             e = Estimate(0, None, None, None, None)
-            worst = {"worst_attack": None, "worst_short": None, **{f"worst_{k}": None for k in ATTACK_FIELDS}}
+            worst = {"worst_attack": None, "worst_short": None, "worst_kind": None, "worst_source": None,
+                     **{f"worst_{k}": None for k in ATTACK_FIELDS}}
         na = no_attack[0] if no_attack else Estimate(0, None, None, None, None)
         record.update({"worst_acc": e.mean, "ci_low": e.low, "ci_high": e.high, "worst_std": e.std, **worst,
                        "attacks": len(pooled), "seeds": e.n, "diverged": sum(accuracy(r)[1] for r in runs),
@@ -198,6 +253,7 @@ def shown_columns(table: list[dict[str, Any]]) -> list[str]:
     columns = ["norm", "defense", "f"] + [k for k in fields if k not in DEFENSE_FIELDS]
     if len({tuple(hashable(t.get(k)) for k in columns) for t in table}) < len(table):
         columns += [k for k in fields if k in DEFENSE_FIELDS]
+    sourced = ["worst_kind", "worst_source"] if any(t.get("worst_source") for t in table) else []
     return columns + ["worst_acc", "ci_low", "ci_high", "seeds", "verdict", "gap", "gap_low", "gap_high",
-                      "worst_attack", "attacks", "diverged", "no_attack_acc"]
+                      "worst_attack", *sourced, "attacks", "diverged", "no_attack_acc"]
 

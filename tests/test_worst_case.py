@@ -294,3 +294,95 @@ def test_settings_whose_defense_words_read_alike_are_told_apart(tmp_path, capsys
     assert panel.get_title() == "worst case over attacks"
     assert [t.get_text() for t in panel.get_yticklabels()] == ["median, agg_f=3", "median, agg_f=None"]
     assert sorted(t.get_text() for t in panel.texts) == ["0.60\n1 seed\nSF (mean, var)", "0.70\n1 seed\nSF (mean, var)"]
+
+
+# ---- the searched attacks: confirmation files' runs are attacks like the catalogue's ----------
+
+def toml_text(values: dict) -> str:
+    """A scenario file's text for `values` (lists become axes)."""
+    def value(v):
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        return repr(v)
+    return "".join(f"{k} = {value(v)}\n" for k, v in values.items())
+
+
+def toml_file(path, values: dict) -> str:
+    path.write_text(toml_text(values))
+    return str(path)
+
+
+SEARCH_SETTING = dict(norm="fbn", f=3, bn_agg="nnm+median")
+CATALOGUE = {"sf-mean": dict(grad_attack="none", bn_mean_attack="sf", bn_var_attack="honest"),
+             "alie-grad": dict(grad_attack="alie", bn_mean_attack="honest", bn_var_attack="honest")}
+CATALOGUE_ACC = {"sf-mean": (0.50, 0.52, 0.48), "alie-grad": (0.40, 0.44, 0.42)}  # seeds 0-2
+SEARCHED_ATTACK = dict(grad_attack="ipm", grad_attack_params={"eps": 1.5}, bn_mean_attack="sf",
+                       bn_var_attack="honest")
+
+
+def searched_store(tmp_path, searched_acc):
+    """A catalogue of two attacks on seeds 0-2 and a searched attack on seeds 0-3, in one store,
+    with the two files that list them."""
+    store = Store(tmp_path / "s.sqlite")
+    for name, accs in CATALOGUE_ACC.items():
+        for seed, acc in enumerate(accs):
+            add(store, acc, seed=seed, **SEARCH_SETTING, **CATALOGUE[name])
+    for seed, acc in enumerate(searched_acc):
+        add(store, acc, seed=seed, **SEARCH_SETTING, **SEARCHED_ATTACK)
+    add(store, 0.05, seed=0, **SEARCH_SETTING, grad_attack="ipm", grad_attack_params={"eps": 9.0})  # a trial: no file
+    store.close()
+    base = {**BASE, **SEARCH_SETTING, "seed": [0, 1, 2]}
+    catalogue = toml_file(tmp_path / "worst_case.toml",
+                          {**base, "bn_mean_attack": ["sf", "honest"], "bn_var_attack": "honest",
+                           "grad_attack": ["none", "alie"],
+                           "exclude": None})
+    # the exclude rules by hand (toml_file writes flat values only)
+    text = open(catalogue).read().replace("exclude = None\n", "") + \
+        '[[exclude]]\ngrad_attack = "none"\nbn_mean_attack = "honest"\n' \
+        '[[exclude]]\ngrad_attack = "alie"\nbn_mean_attack = "sf"\n'
+    open(catalogue, "w").write(text)
+    searched = toml_file(tmp_path / "searched_worst_fbn.toml", {**BASE, **SEARCH_SETTING, **SEARCHED_ATTACK,
+                                                                 "seed": [0, 1, 2, 3]})
+    return tmp_path / "s.sqlite", catalogue, searched
+
+
+def test_the_worst_case_takes_a_confirmed_searched_attack_where_it_is_lower(tmp_path):
+    from robustbn.worst import matrix_rows
+
+    db, catalogue, searched = searched_store(tmp_path, (0.20, 0.30, 0.10, 0.24))
+    with Store(db, readonly=True) as store:
+        rows = matrix_rows([catalogue, searched], store.rows())
+    assert len(rows) == 3 * 2 + 4  # the trial is in no file
+    assert {r["source"] for r in rows if r["grad_attack"] == "ipm"} == {searched}
+    (t,) = worst_case(rows)
+    # the searched attack's own seeds (0-3) and interval, not the catalogue's
+    accs = [0.20, 0.30, 0.10, 0.24]
+    assert t["worst_acc"] == pytest.approx(sum(accs) / 4) and t["seeds"] == 4
+    assert (t["ci_low"], t["ci_high"]) == pytest.approx(t_dist.interval(0.95, 3, loc=sum(accs) / 4, scale=sem(accs)))
+    assert (t["worst_kind"], t["worst_source"]) == ("searched", searched)
+    assert t["worst_attack"] == "ipm (eps=1.5) on the gradients + SF on the mean" and t["attacks"] == 3
+    # without the confirmation file the catalogue's worst stands: ALIE's 0.42 over seeds 0-2
+    with Store(db, readonly=True) as store:
+        (t,) = worst_case(matrix_rows([catalogue], store.rows()))
+    assert t["worst_acc"] == pytest.approx(0.42) and t["seeds"] == 3
+    assert (t["worst_kind"], t["worst_source"]) == ("catalogue", catalogue)
+
+
+def test_a_searched_attack_above_the_catalogues_worst_leaves_it_and_a_run_counts_once(tmp_path):
+    from robustbn.worst import matrix_rows
+
+    db, catalogue, searched = searched_store(tmp_path, (0.60, 0.62, 0.64, 0.66))
+    with Store(db, readonly=True) as store:
+        rows = store.rows()
+    (t,) = worst_case(matrix_rows([searched, catalogue], rows))
+    assert (t["worst_acc"], t["worst_kind"], t["worst_source"]) == (pytest.approx(0.42), "catalogue", catalogue)
+    # a run listed by two files counts once, under the first file
+    both = matrix_rows([catalogue, catalogue, searched], rows)
+    assert len(both) == 10 and len({r["hash"] for r in both}) == 10
+    # no files: no sources, no kind
+    (t,) = worst_case([r for r in rows if r["grad_attack"] != "ipm" or r["grad_attack_params"] == {"eps": 1.5}])
+    assert t["worst_kind"] is None and t["worst_source"] is None

@@ -1,0 +1,226 @@
+"""The leaderboard (robustbn.report, `robustbn report`): its numbers against an independent
+recomputation with scipy on a hand-made store, and the page in a real browser (Playwright
+driving Debian's chromium)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from robustbn.report import COLUMNS, KEYS, leaderboard, read_rows, rows_json, write_page
+from robustbn.scenario import Scenario
+from robustbn.store import Store, scenario_hash
+from test_worst_case import toml_text
+
+BASE = dict(dataset="synthetic-images", model="simple-cnn", partition="gamma", gamma=0.0, n=10, f=3, rounds=6,
+            batch_size=8, eval_every=3)
+DEFENSES = {"mean": dict(bn_agg="mean"), "nnm+median": dict(bn_agg="nnm+median"),
+            "trmean": dict(bn_agg="trmean")}
+CATALOGUE = {"sf-mean": dict(grad_attack="none", bn_mean_attack="sf", bn_var_attack="honest"),
+             "alie-grad": dict(grad_attack="alie", bn_mean_attack="honest", bn_var_attack="honest")}
+HONEST = dict(grad_attack="honest", bn_mean_attack="honest", bn_var_attack="honest")
+SEARCHED = dict(grad_attack="ipm", grad_attack_params={"eps": 1.5}, bn_mean_attack="sf", bn_var_attack="honest")
+# final accuracy per seed 0-4 of (norm, defense, attack); "clean": every Byzantine channel honest
+ACC = {
+    ("fbn", "mean", "sf-mean"): (0.30, 0.34, 0.28, 0.33, 0.31),
+    ("fbn", "mean", "alie-grad"): (0.60, 0.58, 0.66, 0.61, 0.64),
+    ("fbn", "mean", "clean"): (0.80, 0.82, 0.79, 0.81, 0.83),
+    ("fbn", "nnm+median", "sf-mean"): (0.70, 0.72, 0.69, 0.75, 0.71),
+    ("fbn", "nnm+median", "alie-grad"): (0.55, 0.57, 0.52, 0.58, 0.56),
+    ("fbn", "nnm+median", "clean"): (0.78, 0.80, 0.77, 0.79, 0.81),
+    ("fbn", "trmean", "sf-mean"): (0.60, 0.50, 0.62, 0.45, 0.58),
+    ("fbn", "trmean", "alie-grad"): (0.58, 0.61, 0.57, 0.66, 0.60),
+    ("naive", "mean", "sf-mean"): (0.20, 0.25, 0.22, 0.18, 0.21),
+    ("naive", "mean", "alie-grad"): (0.50, 0.52, 0.49, 0.51, 0.53),
+    ("naive", "nnm+median", "sf-mean"): (0.60, 0.62, 0.61, 0.59, 0.63),
+    ("naive", "nnm+median", "alie-grad"): (0.48, 0.47, 0.50, 0.46, 0.49),
+}
+# the searched attack on FBN + nnm+median, seeds 0-6: lower than the catalogue's worst (ALIE, 0.556)
+SEARCHED_ACC = (0.30, 0.62, 0.28, 0.55, 0.33, 0.31, 0.36)
+F0_CLEAN = {"naive": (0.90, 0.91, 0.92, 0.90, 0.89)}  # naive has no honest runs: f = 0 stands in
+
+
+def run(store, acc, **fields):
+    sc = Scenario(**{**BASE, **fields}).validated().to_dict()
+    store.finish(scenario_hash(sc), sc, [{"round": 6, "test_acc": acc, "test_loss": 1.0, "train_loss": 1.0}], {},
+                 1.0, "cpu")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A store, the matrix files that list its runs (catalogue, clean, searched, f = 0)."""
+    tmp = tmp_path_factory.mktemp("report")
+    store = Store(tmp / "s.sqlite")
+    for (norm, defense, attack), accs in ACC.items():
+        for seed, acc in enumerate(accs):
+            run(store, acc, seed=seed, norm=norm, **DEFENSES[defense], **(HONEST if attack == "clean" else CATALOGUE[attack]))
+    for seed, acc in enumerate(SEARCHED_ACC):
+        run(store, acc, seed=seed, norm="fbn", **DEFENSES["nnm+median"], **SEARCHED)
+    for seed, acc in enumerate(F0_CLEAN["naive"]):
+        run(store, acc, seed=seed, norm="naive", f=0, bn_agg="mean")
+    run(store, 0.01, seed=0, norm="fbn", **DEFENSES["mean"], grad_attack="ipm", grad_attack_params={"eps": 99.0})  # a trial
+    store.close()
+    seeds = list(range(5))
+    catalogue = tmp / "worst_case.toml"
+    catalogue.write_text(toml_text({**BASE, "seed": seeds, "norm": ["fbn", "naive"], "bn_agg": ["mean", "nnm+median",
+                                                                                                  "trmean"],
+                                    "grad_attack": ["none", "alie"], "bn_mean_attack": ["sf", "honest"],
+                                    "bn_var_attack": "honest"})
+                         + '[[exclude]]\ngrad_attack = "none"\nbn_mean_attack = "honest"\n'
+                         + '[[exclude]]\ngrad_attack = "alie"\nbn_mean_attack = "sf"\n'
+                         + '[[exclude]]\nnorm = "naive"\nbn_agg = "trmean"\n')
+    clean = tmp / "clean.toml"
+    clean.write_text(toml_text({**BASE, "seed": seeds, "norm": "fbn", "bn_agg": ["mean", "nnm+median"], **HONEST}))
+    f0 = tmp / "f0.toml"
+    f0.write_text(toml_text({**BASE, "seed": seeds, "norm": "naive", "f": 0, "bn_agg": "mean"}))
+    searched = tmp / "searched_worst_fbn_nnm_median.toml"
+    searched.write_text(toml_text({**BASE, "seed": list(range(7)), "norm": "fbn", **DEFENSES["nnm+median"], **SEARCHED}))
+    return tmp / "s.sqlite", [str(catalogue), str(clean), str(f0), str(searched)]
+
+
+def board_of(setup):
+    db, files = setup
+    with Store(db, readonly=True) as store:
+        return leaderboard(read_rows(store.rows(), files))
+
+
+# ---- an independent recomputation: scipy on the hand-made numbers -----------------------------
+
+def expected(norm, defense):
+    """(worst mean, its interval, seeds, worst attack's per-seed values, source) from ACC with scipy."""
+    attacks = {a: list(v) for (n, d, a), v in ACC.items() if (n, d) == (norm, defense) and a != "clean"}
+    if (norm, defense) == ("fbn", "nnm+median"):
+        attacks["searched"] = list(SEARCHED_ACC)
+    name = min(attacks, key=lambda a: sum(attacks[a]) / len(attacks[a]))
+    v = attacks[name]
+    mean = sum(v) / len(v)
+    low, high = stats.t.interval(0.95, len(v) - 1, loc=mean, scale=stats.sem(v))
+    return mean, (max(low, 0.0), min(high, 1.0)), len(v), v, name
+
+
+def test_the_leaderboards_numbers_equal_scipy_on_the_store(setup):
+    board = board_of(setup)
+    rows = {(r["norm"], r["defense"]): r for r in board.rows}
+    robust = "mean on the gradients, nnm+median on the mean and variance"
+    trimmed = "mean on the gradients, trmean on the mean and variance"
+    names = {"mean": "mean", "nnm+median": robust, "trmean": trimmed}
+    assert list(rows) == [("naive", "mean"), ("naive", robust), ("fbn", "mean"), ("fbn", robust), ("fbn", trimmed)]
+    for norm, defense in {(n, d) for n, d, _ in ACC}:
+        r = rows[norm, names[defense]]
+        mean, (low, high), n, _, name = expected(norm, defense)
+        assert r["worst_acc"] == pytest.approx(mean) and r["seeds"] == n
+        assert (r["ci_low"], r["ci_high"]) == pytest.approx((low, high))
+        clean = ACC.get((norm, defense, "clean")) or (F0_CLEAN["naive"] if (norm, defense) == ("naive", "mean") else None)
+        if clean is None:
+            assert r["clean_acc"] is None and r["clean_kind"] is None
+        else:
+            assert r["clean_acc"] == pytest.approx(sum(clean) / 5) and r["clean_seeds"] == 5
+            assert r["clean_kind"] == ("f = 0" if norm == "naive" else "honest")
+        assert (r["worst_kind"] == "searched") == (name == "searched")
+    # the searched attack is FBN + nnm+median's worst, on its own 7 seeds, named with its file and messages
+    r = rows["fbn", robust]
+    assert r["worst_attack"] == "ipm (eps=1.5) on the gradients + SF on the mean"
+    assert r["worst_source"].endswith("searched_worst_fbn_nnm_median.toml") and r["seeds"] == 7
+    # verdicts: the best by mean, each other paired with it on the seeds both ran (ttest_rel's interval)
+    for norm, defenses in (("naive", ("mean", "nnm+median")), ("fbn", ("mean", "nnm+median", "trmean"))):
+        worst = {d: expected(norm, d) for d in defenses}
+        best = max(defenses, key=lambda d: worst[d][0])
+        verdicts = {}
+        for d in defenses:
+            if d == best:
+                continue
+            k = min(len(worst[d][3]), len(worst[best][3]))
+            ci = stats.ttest_rel(worst[best][3][:k], worst[d][3][:k]).confidence_interval(0.95)
+            verdicts[d] = "worse" if ci.low > 0 or ci.high < 0 else "tied for best"
+            assert rows[norm, names[d]]["gap"] == pytest.approx(sum(worst[best][3][:k]) / k - sum(worst[d][3][:k]) / k)
+            assert (rows[norm, names[d]]["gap_low"], rows[norm, names[d]]["gap_high"]) == pytest.approx((ci.low, ci.high))
+        verdicts[best] = "best" if all(v == "worse" for v in verdicts.values()) else "tied for best"
+        assert {names[d]: rows[norm, names[d]]["verdict"] for d in defenses} == {names[d]: v for d, v in verdicts.items()}
+    # the hand-made numbers cover each verdict: naive's best outright; under FBN trmean tied with the
+    # searched attack's spread, the mean worse
+    assert rows["naive", robust]["verdict"] == "best" and rows["fbn", trimmed]["verdict"] == "tied for best"
+    assert rows["fbn", robust]["verdict"] == "tied for best" and rows["fbn", "mean"]["verdict"] == "worse"
+
+
+def test_recommendation_lines_and_absent_protocols(setup):
+    board = board_of(setup)
+    assert board.lines[0] == ("with naive BN, use mean on the gradients, nnm+median on the mean and variance "
+                              "(worst known 48.0% [46.0, 50.0], 5 seeds); tied: none")
+    assert board.lines[1].startswith("with FBN, use mean on the gradients, trmean on the mean and variance (worst known ")
+    assert board.lines[1].endswith("; tied: mean on the gradients, nnm+median on the mean and variance")
+    assert [p for p, _ in board.absent] == ["fedbn", "silobn", "fedwon", "fbn-scale"]
+    assert all(reason for _, reason in board.absent)
+
+
+def test_json_keys_and_runs(setup):
+    board = board_of(setup)
+    rows = rows_json(board)
+    assert all(list(r)[:len(KEYS)] == list(KEYS) for r in rows)
+    runs = {(r["norm"], r["defense"]): r for r in board.rows}[("fbn", "mean on the gradients, nnm+median on the mean "
+                                                                       "and variance")]["runs"]
+    assert len(runs) == 5 * 3 + 7 and all(set(run) >= {"seed", "hash", "code_version", "status"} for run in runs)
+    assert sum(run["worst"] for run in runs) == 7
+
+
+# ---- the page in a real browser -------------------------------------------------------------
+
+def chromium_path():
+    return shutil.which("chromium") or (Path("/usr/bin/chromium").is_file() and "/usr/bin/chromium") or None
+
+
+def dom_text(r: dict) -> list[str]:
+    """What a JSON row's cells must read, formatted here (not by robustbn.report)."""
+    p = lambda v: f"{100 * v:.1f}"
+    clean = "not run" if r["clean_acc"] is None else (
+        f"{p(r['clean_acc'])} [{p(r['clean_low'])}, {p(r['clean_high'])}] ({r['clean_seeds']} seeds"
+        + (", f = 0)" if r["clean_kind"] == "f = 0" else ")"))
+    source = {"searched": f" (searched: {r['worst_source']})", "catalogue": " (catalogue)"}[r["worst_kind"]]
+    names = {"naive": "naive BN", "fbn": "FBN"}
+    return [names[r["norm"]], r["defense"], clean, p(r["worst_acc"]), f"[{p(r['ci_low'])}, {p(r['ci_high'])}]",
+            str(r["seeds"]), r["worst_attack"] + source, r["verdict"]]
+
+
+def test_the_page_in_chromium_equals_the_json_and_sorts(setup, tmp_path):
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium; ./dev.sh test installs it where apt-get "
+                    "is usable)")
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
+    db, files = setup
+    with Store(db, readonly=True) as store:
+        rows = read_rows(store.rows(), files)
+    page_path = write_page(rows, tmp_path / "site")
+    want = rows_json(leaderboard(rows))
+    requests = []
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+        page = browser.new_page()
+        page.on("request", lambda req: requests.append(req.url))
+        page.goto(page_path.as_uri())
+        header = page.eval_on_selector_all("#leaderboard thead th", "ths => ths.map(t => t.textContent)")
+        assert header == list(COLUMNS)
+        read = "trs => trs.map(tr => Array.from(tr.cells).map(td => td.textContent))"
+        assert page.eval_on_selector_all("#leaderboard tr.entry", read) == [dom_text(r) for r in want]
+        # every image inline: the page asked for nothing but itself
+        assert requests == [page_path.as_uri()]
+        assert page.eval_on_selector_all("img", "imgs => imgs.map(i => i.src.slice(0, 22))") == \
+            ["data:image/png;base64,"] * len(page.query_selector_all("img"))
+        assert all(page.eval_on_selector_all("img", "imgs => imgs.map(i => i.naturalWidth > 100)"))
+        # sort by worst-case accuracy: ascending, then descending on a second click
+        by_worst = sorted(want, key=lambda r: r["worst_acc"])
+        page.click("#leaderboard thead th:nth-child(4)")
+        assert page.eval_on_selector_all("#leaderboard tr.entry", read) == [dom_text(r) for r in by_worst]
+        page.click("#leaderboard thead th:nth-child(4)")
+        assert page.eval_on_selector_all("#leaderboard tr.entry", read) == [dom_text(r) for r in by_worst[::-1]]
+        page.click("#leaderboard thead th:nth-child(2)")  # text: by defense
+        defenses = page.eval_on_selector_all("#leaderboard tr.entry td:nth-child(2)", "tds => tds.map(t => t.textContent)")
+        assert defenses == sorted(defenses)
+        # a row opens to its runs
+        first = page.query_selector("#leaderboard tbody details")
+        assert first.evaluate("d => d.open") is False
+        page.click("#leaderboard tbody tr.entry >> nth=0")
+        assert first.evaluate("d => d.open") is True
+        runs_header = first.eval_on_selector_all("th", "ths => ths.map(t => t.textContent)")
+        assert runs_header[:4] == ["seed", "hash", "code_version", "status"]
+        browser.close()
