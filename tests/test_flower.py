@@ -79,7 +79,7 @@ def test_keys_go_to_their_channel_from_the_model_and_protocol():
     assert flower.Layout(renamed, flower.get_protocol("naive")()).means == ["norm_x.running_mean"]
 
 
-def test_naive_mean_is_fedavg_of_the_updates_and_counters_pass_through():
+def test_naive_mean_is_fedavg_of_the_updates_and_counters_advance_by_the_median_step():
     model = plain_model()
     states = replies_of(model, 4)
     strategy = flower.RobustStrategy(model, n=4, norm="naive")
@@ -90,7 +90,8 @@ def test_naive_mean_is_fedavg_of_the_updates_and_counters_pass_through():
         assert torch.equal(out[k], g[k] + deltas.mean(0)), k
     for k in ("1.running_mean", "1.running_var"):
         assert torch.allclose(out[k], torch.stack([s[k] for s in states]).mean(0))
-    assert out["1.num_batches_tracked"].dtype == torch.int64 and out["1.num_batches_tracked"] == g["1.num_batches_tracked"]
+    assert out["1.num_batches_tracked"].dtype == torch.int64  # every reply counted 5 more batches
+    assert out["1.num_batches_tracked"] == g["1.num_batches_tracked"] + 5
 
 
 def test_fedbn_returns_no_bn_keys():
@@ -129,7 +130,7 @@ def test_hostile_replies_never_give_a_non_finite_record(bad, spec, norm):
     assert all(torch.isfinite(v.double()).all() for v in out.values())
 
 
-def test_bad_specs_fields_and_keys_are_one_line_errors():
+def test_bad_specs_and_fields_are_one_line_errors():
     model = plain_model()
     cases = [(dict(n=4, grad_agg="nope"), "grad_agg"), (dict(n=4, norm="fedtan"), "norm"),
              (dict(n=4, norm="central"), "norm"), (dict(n=4, lr=0.1), "lr"), (dict(grad_agg="mean"), "n"),
@@ -139,15 +140,6 @@ def test_bad_specs_fields_and_keys_are_one_line_errors():
         with pytest.raises(ScenarioError) as e:
             flower.RobustStrategy(model, **kwargs)
         assert e.value.field == field and "\n" not in str(e.value), kwargs
-    strategy = flower.RobustStrategy(model, n=2)
-    states = replies_of(model, 2)
-    states[1]["extra.weight"] = torch.zeros(1)
-    with pytest.raises(ValueError, match=r"^RobustStrategy: the reply of node 101: key 'extra.weight' is not in"):
-        aggregate(strategy, model, states)
-    states = replies_of(model, 2)
-    del states[0]["4.bias"]
-    with pytest.raises(ValueError, match=r"key '4.bias' is missing$"):
-        aggregate(strategy, model, states)
 
     class Buffered(nn.Module):
         def __init__(self):

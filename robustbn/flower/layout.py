@@ -3,6 +3,7 @@ channel (`Layout`), the names carried in messages and configs, and ArrayRecord <
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from typing import Iterable
 
@@ -33,8 +34,8 @@ class Layout:
     """Which keys of a model's state_dict go to which channel under a norm protocol, read from
     the model (its parameters and BN layers) and the protocol (`is_local`, `local_statistics`),
     never from key names: `weights` (the update channel), `means` / `variances` (the BN
-    running statistics, one key per BN layer), `counters` (num_batches_tracked: passed
-    through), `local` (never leave the client)."""
+    running statistics, one key per BN layer), `counters` (num_batches_tracked: each
+    advanced by the median increment), `local` (never leave the client)."""
 
     def __init__(self, model: nn.Module, protocol: Protocol):
         layers = [(name, m) for name, m in model.named_modules()
@@ -54,6 +55,7 @@ class Layout:
             raise ValueError(f"RobustStrategy: buffer {other[0]!r} is neither a parameter nor a BN layer's running "
                              f"statistics: no channel carries it")
         self.keys = list(state)
+        self.like = {k: (tuple(v.shape), v.dtype) for k, v in state.items()}  # what a reply's tensors must be
         self.weights = [k for k in params if not protocol.is_local(k, self.layers)]
         self.means = [f"{L}.running_mean" for L in self.layers]
         self.variances = [f"{L}.running_var" for L in self.layers]
@@ -61,17 +63,35 @@ class Layout:
         self.shared = set(self.weights) | (set() if local_stats else {*self.means, *self.variances, *self.counters})
         self.local = [k for k in self.keys if k not in self.shared]
 
-    def check(self, state: dict, where: str, need: Iterable[str]) -> None:
-        """One-line errors for a record whose keys are not the model's, or lack `need`."""
-        unknown = [k for k in state if k not in self.keys]
+    def problem(self, state: dict, need: Iterable[str]) -> str | None:
+        """Why `state` cannot be one of the model's states (a key not the model's, one of `need`
+        missing, a shape or dtype not the model's, NaN or inf), or None."""
+        unknown = [k for k in state if k not in self.like]
         if unknown:
-            raise ValueError(f"RobustStrategy: {where}: key {unknown[0]!r} is not in the model's state_dict")
+            return f"key {unknown[0]!r} is not in the model's state_dict"
         missing = [k for k in need if k not in state]
         if missing:
-            raise ValueError(f"RobustStrategy: {where}: key {missing[0]!r} is missing")
+            return f"key {missing[0]!r} is missing"
+        for k, v in state.items():
+            shape, dtype = self.like[k]
+            if tuple(v.shape) != shape:
+                return f"key {k!r} has shape {tuple(v.shape)}, the model's is {shape}"
+            if v.dtype != dtype:
+                return f"key {k!r} has dtype {v.dtype}, the model's is {dtype}"
+            if v.is_floating_point() and not torch.isfinite(v).all():
+                return f"key {k!r} holds NaN or inf"
+        return None
+
+    def check(self, state: dict, where: str, need: Iterable[str]) -> None:
+        """A one-line ValueError where `state` cannot be one of the model's states."""
+        problem = self.problem(state, need)
+        if problem:
+            raise ValueError(f"RobustStrategy: {where}: {problem}")
 
     def statistics(self, state: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(C,) running means and variances of every BN layer, flat in layer order."""
+        if not self.layers:
+            return torch.zeros(0), torch.ones(0)
         return torch.cat([state[k].reshape(-1) for k in self.means]), torch.cat([state[k].reshape(-1) for k in self.variances])
 
 
@@ -110,5 +130,5 @@ def _partition(message: Message) -> int:
     """A reply's partition id (the metric `partition-id`), else its node id: replies are taken
     in this order, whatever order they arrived in."""
     pid = _metric(message, PARTITION)
-    return int(pid) if pid is not None else int(message.metadata.src_node_id)
+    return int(pid) if isinstance(pid, (int, float)) and math.isfinite(pid) else int(message.metadata.src_node_id)
 

@@ -3,16 +3,20 @@ strategy) and `SimulatedAttacks` (the omniscient attacks, simulated from the hon
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections import OrderedDict
+from logging import WARNING
 from typing import Iterable
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
+from ..channels import BN_CHANNELS
 from ..engine import Federation, _flat, _unflat
 from ..errors import ScenarioError
 from ..protocols import get as get_protocol
@@ -36,6 +40,15 @@ class RobustStrategy(FedAvg):
     K, the values per BN channel of a client's batch (fbn, hbn); `count` gives K directly.
     The rest of the keywords go to FedAvg (fraction_train defaults to 1: every node, every
     round; min_train_nodes and min_available_nodes to n).
+
+    The BN channels follow `grad_agg` (and its params) unless `bn_agg`, `bn_mean_agg` or
+    `bn_var_agg` is given: replacing FedMedian by `grad_agg="median"` keeps the statistics
+    robust too. A model without BN layers runs under naive, gn, none and fedwon. A reply
+    that cannot be one of the model's states (not one ArrayRecord; a key missing or not the
+    model's; a shape or dtype not the model's; NaN or inf) is left out with one warning line,
+    and the round aggregates the others (pipelines built for as many messages); a
+    num_batches_tracked advances by the lower median of the increments the kept honest
+    replies carry (never below the count sent).
     """
 
     simulated = False  # SimulatedAttacks: the Byzantine nodes' replies replaced by attacks
@@ -60,6 +73,10 @@ class RobustStrategy(FedAvg):
             why = "exchanges statistics inside every forward pass" if protocol_class.exchanges_in_forward else \
                 "is one client holding the union of the batches"
             raise ScenarioError("norm", f"{fields['norm']!r} {why}: it does not map onto Flower rounds")
+        if not any(fields.get(k) is not None for k in ("bn_agg", *(f"{c}_agg" for c in BN_CHANNELS))):
+            # the BN channels as robust as the updates unless told otherwise
+            fields["bn_agg"] = fields.get("grad_agg", "mean")
+            fields["bn_agg_params"] = fields.get("grad_agg_params") or {}
         self.fields, self.model, self.example_input = dict(fields), model, example_input
         if not self.simulated:  # every reply is a message; the pipelines are built for f of them Byzantine
             fields = {**fields, "f": 0, "agg_f": fields.get("agg_f", fields.get("f", 0))}
@@ -69,6 +86,7 @@ class RobustStrategy(FedAvg):
                                             "Flower bridge")
         self.protocol = get_protocol(self.sc.norm).for_scenario(self.sc)
         self.layout = Layout(model, self.protocol)
+        _check_norm_fits_model(self.sc.norm, type(self.protocol), self.layout)
         if count is None:
             uses_count = type(self.protocol).server_update is not Protocol.server_update
             if example_input is not None:
@@ -102,7 +120,10 @@ class RobustStrategy(FedAvg):
             if count is None and example_input is None:
                 example_input = torch.zeros(sc.batch_size, channels, side, side)
         values = sc.to_dict()
-        server = {k: values[k] for k in SERVER_FIELDS if k in values}
+        server = {k: values[k] for k in SERVER_FIELDS if k in values and not k.startswith("bn_agg")}
+        for channel in BN_CHANNELS:  # spelled out: the engine's mean where the scenario names none
+            server[f"{channel}_agg"], server[f"{channel}_agg_params"] = (sc.value_of(channel, part)
+                                                                         for part in ("agg", "agg_params"))
         attack = {k: values[k] for k in ATTACK_FIELDS if k in values and values[k] is not None}
         strategy = cls(model, example_input=example_input, count=count, **server, **fedavg)
         if sc.f > 0:  # Byzantine nodes: their replies are the engine's (none, an attack, label flipping)
@@ -147,21 +168,23 @@ class RobustStrategy(FedAvg):
             raise ValueError("RobustStrategy: aggregate_train before configure_train: no global arrays to "
                              "compute the updates from")
         valid.sort(key=_partition)
-        honest = [m for m in valid if not self.simulated or _partition(m) < self.sc.honest]
-        byzantine = [m for m in valid if self.simulated and _partition(m) >= self.sc.honest] \
-            if self.server.byzantine_rows else []
-        messages = honest + byzantine
         sends = bool(self.layout.layers) and self.protocol.sends(server_round) and not self.protocol.local_statistics
         need = self.layout.weights + (self.layout.means + self.layout.variances if sends else [])
-        states = []
-        for m in messages:
-            records = list(m.content.array_records.values())
-            if len(records) != 1:
-                raise ValueError(f"RobustStrategy: the reply of node {m.metadata.src_node_id} has "
-                                 f"{len(records)} ArrayRecords; one expected")
-            state = _state(records[0])
-            self.layout.check(state, f"the reply of node {m.metadata.src_node_id}", need)
-            states.append(state)
+        kept = []
+        for m in valid:
+            state = self._reply_state(m, need)
+            if isinstance(state, str):
+                log(WARNING, "RobustStrategy: round %s: the reply of node %s is left out: %s", server_round,
+                    m.metadata.src_node_id, state)
+            else:
+                kept.append((m, state))
+        honest = [(m, s) for m, s in kept if not self.simulated or _partition(m) < self.sc.honest]
+        byzantine = [(m, s) for m, s in kept if self.simulated and _partition(m) >= self.sc.honest] \
+            if self.server.byzantine_rows else []
+        if not honest:
+            log(WARNING, "RobustStrategy: round %s: no reply to aggregate: the global model stays", server_round)
+            return None, None
+        states = [s for _, s in honest + byzantine]
         g = self._global
         weights = {k: g[k].to(self.server.device) for k in self.layout.weights}
         rows = {k: torch.stack([s[k].to(weights[k]) for s in states]) for k in self.layout.weights}
@@ -171,8 +194,14 @@ class RobustStrategy(FedAvg):
             pairs = [self.layout.statistics(s) for s in states]
             stats = (torch.stack([p[0] for p in pairs]).to(self.server.shared_mean),
                      torch.stack([p[1] for p in pairs]).to(self.server.shared_var))
-        update = torch.nan_to_num(self.server._exchange(deltas, stats, len(honest)), nan=0.0, posinf=0.0, neginf=0.0)
-        new = _unflat(_flat(weights, 0) + update, weights, 0)
+        try:
+            with self._pipelines_for(len(honest), len(byzantine)):
+                update = self.server._exchange(deltas, stats, len(honest))
+        except ValueError as e:  # a rule that cannot run on this few messages
+            log(WARNING, "RobustStrategy: round %s: %s replies kept: %s; the global model stays", server_round,
+                len(states), e)
+            return None, None
+        new = _unflat(_flat(weights, 0) + torch.nan_to_num(update, nan=0.0, posinf=0.0, neginf=0.0), weights, 0)
         out = OrderedDict()
         shared = dict(zip(self.layout.means + self.layout.variances,
                           [*self.server.shared_mean.split(self.layout.widths),
@@ -183,18 +212,72 @@ class RobustStrategy(FedAvg):
             elif k in shared and k in self.layout.shared:
                 out[k] = shared[k]
             elif k in self.layout.counters and k in self.layout.shared and k in g:
-                out[k] = g[k]  # passed through as sent: a counter, never averaged
-        self.last_losses = [list(m.content.metric_records[next(iter(m.content.metric_records))][LOSSES])
-                            for m in honest if _metric(m, LOSSES) is not None]
+                out[k] = _counter(g[k], [s[k] for _, s in honest if k in s])
+        return _record(out), self._train_metrics([m for m, _ in honest])
+
+    def _reply_state(self, message: Message, need: list[str]) -> "OrderedDict[str, torch.Tensor] | str":
+        """The reply's state, or why it cannot be one of the model's states."""
+        records = list(message.content.array_records.values())
+        if len(records) != 1:
+            return f"{len(records)} ArrayRecords, one expected"
+        try:
+            state = _state(records[0])
+        except Exception as e:  # whatever a hostile record holds: never the server's crash
+            return f"its ArrayRecord is not a torch state ({type(e).__name__}: {e})".replace("\n", " ")
+        return self.layout.problem(state, need) or state
+
+    @contextlib.contextmanager
+    def _pipelines_for(self, k: int, b: int):
+        """Each channel's pipeline for the messages it gets this round (k honest replies, b
+        Byzantine rows, the forged ones): the pipelines built for n unless replies were lost."""
+        channels = (self.server.grad_channel, self.server.mean_channel, self.server.var_channel)
+        built = [c.pipeline for c in channels]
+        wanted = [c.pipeline_for(k + (b if c.holds_data else c.f if c.sends else 0), self.sc.n) for c in channels]
+        for c, p in zip(channels, wanted):
+            c.pipeline = p
+        try:
+            yield
+        finally:
+            for c, p in zip(channels, built):
+                c.pipeline = p
+
+    def _train_metrics(self, honest: list[Message]) -> MetricRecord | None:
+        """The honest replies' training loss (robustbn's clients), else their own metrics as
+        FedAvg aggregates them (the forged replies' left out)."""
+        self.last_losses = [list(_metric(m, LOSSES)) for m in honest if _metric(m, LOSSES) is not None]
         if self.last_losses:
-            metrics = MetricRecord({"train_loss": float(torch.tensor(self.last_losses).mean())})
-        elif honest and all(_metric(m, self.weighted_by_key) is not None for m in honest):
-            # a user's own metrics, as FedAvg aggregates them (the forged replies' left out)
-            metrics = self.train_metrics_aggr_fn([m.content for m in honest], self.weighted_by_key)
+            return MetricRecord({"train_loss": float(torch.tensor(self.last_losses).mean())})
+        if honest and all(_metric(m, self.weighted_by_key) is not None for m in honest):
+            try:
+                metrics = self.train_metrics_aggr_fn([m.content for m in honest], self.weighted_by_key)
+            except Exception as e:  # a reply's metrics are the client's: never the server's crash
+                log(WARNING, "RobustStrategy: the replies' metrics are not aggregated: %s", e)
+                return None
             metrics.pop(PARTITION, None)  # an identity, not a metric
-        else:
-            metrics = None
-        return _record(out), metrics
+            return metrics
+        return None
+
+
+def _counter(sent: torch.Tensor, replies: list[torch.Tensor]) -> torch.Tensor:
+    """num_batches_tracked after a round: the count sent plus the lower median of the replies'
+    increments (one client's huge or negative count cannot move it), never below what was sent."""
+    if not replies:
+        return sent
+    steps = torch.stack([r.reshape(()).to(torch.int64) - sent.to(torch.int64) for r in replies]).sort().values
+    return (sent.to(torch.int64) + steps[(len(steps) - 1) // 2].clamp(min=0)).reshape(sent.shape)
+
+
+def _check_norm_fits_model(norm: str, protocol: type[Protocol], layout: Layout) -> None:
+    """A model without BN layers runs under naive and the protocols without BN; a BN protocol
+    needs BN layers, and a protocol without BN a model without them."""
+    from ..protocols import PROTOCOLS
+    if not layout.layers and protocol.uses_bn and norm != "naive":
+        plain = ", ".join(["naive", *(n for n, c in PROTOCOLS.items() if not c.uses_bn)])
+        raise ScenarioError("norm", f"{norm!r} needs BN layers and the model has none; a model without BN runs "
+                                    f"under {plain}")
+    if layout.layers and not protocol.uses_bn:
+        raise ScenarioError("norm", f"{norm!r} is for models without BN layers; the model has BN layer "
+                                    f"{layout.layers[0]!r}")
 
 
 class SimulatedAttacks(RobustStrategy):
