@@ -12,19 +12,30 @@ parameters (DESIGN.md, "Verdicts"):
     [search.grad.scale]  # [low, high], [low, high, "log"], a list of names (choices) or one value
     factor = [-1000.0, 1.0]
 
-Each trial is an ordinary run in the results store (its scenario's hash, checkpoints,
-resume). Optuna's TPE sampler proposes the attack point; the objective, minimized, is the
-run's final test accuracy (a diverged run counts 0.0, as in every result view). Optuna's
-successive-halving pruner reads the evaluations the run makes every `eval_every` rounds and
-stops a run whose accuracy at a rung (eval_every x 3^k rounds) is not among the lowest third
-of the trials that reached it: the run is stored as `pruned`, never a finished run.
+Each trial is one attack point run on each of its seeds (`seeds = [...]`, default the
+scenario's own `seed`), every seed an ordinary run in the results store (its scenario's hash,
+checkpoints, resume). Optuna's TPE sampler proposes the attack point; the objective, minimized,
+is the trial's mean over its seeds of the final test accuracy (the last evaluation, at round
+`rounds`: what the worst-case table and every result view read; a diverged run counts 0.0).
 
-The store is the study. Trial k is drawn by a sampler seeded from (seed, k) given the outcomes
-of trials 0..k-1, so a search is a function of its file, its seed and those outcomes; running
-it again reads every trial whose run is finished or pruned back from the store instead of
-running it, and resumes an interrupted run from its checkpoint. A killed search, run again,
-therefore continues where it stopped, and a fixed seed gives the same search. Trials run one
-after another: a trial's pruning reads the trials before it.
+A search reports the worst of what it tried. Accuracy before the last evaluation does not
+bound the final one under attack (over the store's 832 attacked 150-round runs, the final fell
+up to 0.41 below the accuracy at half the rounds, 0.33 at five sixths), so no run is stopped on
+its curve by default. A trial stops early only when a lower bound of its objective exceeds the
+worst objective found so far: the seeds already run plus 0 for the others (exact), and, with
+`prune_margin` < 1, the running seed's accuracy minus the margin at an evaluation from
+`prune_from` x rounds on (an assumption the user takes on). The worst only falls, so a trial
+stopped early could never have become the worst; it is kept (status `pruned`, with its bound).
+
+Trials are distinct: a proposal equal to a trial already tried is counted as a repeat and the
+sampler asked again; a finite space smaller than `trials` stops when it is exhausted.
+
+The store is the study. Trial k's proposals are drawn by samplers seeded from (seed, k) given
+the outcomes of trials 0..k-1, so a search is a function of its file, its seed and those
+outcomes; running it again reads every seed run that is finished or was stopped back from the
+store instead of running it, and resumes an interrupted run from its checkpoint. A killed
+search, run again, therefore continues where it stopped, and a fixed seed gives the same
+search. Trials run one after another: a trial's bound reads the trials before it.
 """
 
 from __future__ import annotations
@@ -49,8 +60,12 @@ from .scenario import RESERVED_PARAMS, Scenario, type_names
 from .stats import accuracy
 from .store import FINISHED, Store, finite_history, scenario_hash
 
-SEARCH_KEYS = ("trials", "seed", *CHANNELS)
-REDUCTION = 3  # the pruner's reduction factor: a third of the trials go on at each rung
+SEARCH_KEYS = ("trials", "seed", "seeds", "prune_from", "prune_margin", *CHANNELS)
+OBJECTIVE = ("the trial's mean over its seeds of the final test accuracy (the last evaluation); a diverged run "
+             "counts 0.0")
+TPE_ATTEMPTS = 3  # proposals from TPE for one trial before untried points are drawn uniformly
+MAX_ATTEMPTS = 200  # proposals for one trial before the search gives up on finding an untried point
+MAX_ENUMERATED = 100_000  # a finite space up to this size is listed to draw its untried points
 SIGNIFICANT = 6  # sampled numbers are rounded to this many significant digits (readable, stable hashes)
 
 
@@ -87,22 +102,54 @@ class Space:
     channels: dict[str, dict[str, dict[str, Range]]]
     trials: int
     seed: int
+    seeds: tuple[int, ...] = (0,)   # every trial runs on each
+    prune_from: float = 0.5         # share of the rounds before which no run stops on its curve
+    prune_margin: float = 1.0       # a run's final >= its accuracy then - margin (1: no assumption)
+
+
+@dataclass
+class SeedRun:
+    seed: int
+    hash: str
+    scenario: dict[str, Any]
+    status: str                     # done, diverged, pruned, failed
+    final_acc: float | None         # diverged: 0.0; None if pruned or failed
+    rounds_done: int
+    ran: bool                       # run (or resumed) by this search, not read back from the store
+    bound: float | None = None      # pruned: the trial's lower bound that stopped it
 
 
 @dataclass
 class Trial:
     number: int                     # 1-based
-    hash: str
-    scenario: dict[str, Any]
-    status: str                     # done, diverged, pruned, failed
-    final_acc: float | None         # what the search minimized (diverged: 0.0); None if pruned or failed
-    rounds_done: int
-    ran: bool                       # run (or resumed) by this search, not read back from the store
+    hash: str                       # its first seed's run
+    scenario: dict[str, Any]        # its first seed's scenario
+    status: str                     # done, diverged (a seed diverged), pruned (stopped early), failed
+    final_acc: float | None         # the objective: mean over seeds of the final accuracy; None if pruned or failed
+    rounds_done: int                # over all its seeds
+    ran: bool                       # a seed run (or resumed) by this search, not read back from the store
+    runs: list[SeedRun] = field(default_factory=list)  # the seeds run, in order (a pruned trial may skip some)
+    bound: float | None = None      # pruned: its objective is at least this, above the worst found before it
+
+    def as_json(self) -> dict[str, Any]:
+        from .labels import attack_words
+        return {"trial": self.number, "attack": attack_words(self.scenario), "status": self.status,
+                "final_acc": self.final_acc, "bound": self.bound,
+                "seeds": [{"seed": r.seed, "hash": r.hash, "status": r.status, "final_acc": r.final_acc,
+                           "rounds_done": r.rounds_done} for r in self.runs]}
 
 
 @dataclass
 class Outcome:
     trials: list[Trial] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    prune_from: float = 0.5
+    prune_margin: float = 1.0
+    wanted: int = 0                 # trials asked for
+    space_size: int | None = None   # distinct points of a finite space
+    proposals: int = 0              # the sampler's proposals, repeats included
+    repeats: int = 0                # proposals equal to a trial already tried: not counted
+    stopped: str | None = None      # why the search ended before `wanted` trials
 
     @property
     def worst(self) -> Trial | None:
@@ -114,13 +161,23 @@ class Outcome:
         return sum(t.status == status for t in self.trials)
 
     def as_json(self) -> dict[str, Any]:
-        """DESIGN.md's object: `worst` (its final_acc and the trial's scenario fields), `trials`,
-        `pruned`; and `failed`."""
+        """DESIGN.md's object: `worst` (its final_acc, the objective, and the trial's scenario
+        fields, with its seeds and their runs), `trials` (distinct), `pruned`; and `failed`,
+        `objective`, `proposals`, `repeats`, `pruning` and every trial (`tried`)."""
         w = self.worst
-        worst = None if w is None else {"final_acc": w.final_acc, "trial": w.number, "hash": w.hash,
-                                        "status": w.status, **expand_channels(w.scenario)}
-        return {"worst": worst, "trials": len(self.trials), "pruned": self.count("pruned"),
-                "failed": self.count("failed")}
+        worst = None if w is None else {**expand_channels(w.scenario), "final_acc": w.final_acc, "trial": w.number,
+                                        "hash": w.hash, "status": w.status, "seeds": [r.seed for r in w.runs],
+                                        "hashes": [r.hash for r in w.runs],
+                                        "final_accs": [r.final_acc for r in w.runs]}
+        return {"objective": OBJECTIVE, "seeds": self.seeds, "worst": worst, "trials": len(self.trials),
+                "proposals": self.proposals, "repeats": self.repeats, "pruned": self.count("pruned"),
+                "failed": self.count("failed"), "stopped": self.stopped,
+                "pruning": {"prune_from": self.prune_from, "prune_margin": self.prune_margin,
+                            "rule": "a trial stops early only when a lower bound of its objective exceeds the worst "
+                                    "found before it: its seeds run plus 0 for the others, and the running seed's "
+                                    "accuracy minus prune_margin from prune_from x rounds on (prune_margin 1: no "
+                                    "assumption)"},
+                "tried": [t.as_json() for t in self.trials]}
 
 
 # ---- the search file -------------------------------------------------------------------------
@@ -155,6 +212,13 @@ def _space(table: dict, values: dict, base: Scenario, src: str) -> Space:
         raise SearchError(f"{src}: [search] trials must be an integer >= 1, got {trials!r}")
     if not is_integer(seed) or not 0 <= seed < 2**63:
         raise SearchError(f"{src}: [search] seed must be an integer in [0, 2**63 - 1], got {seed!r}")
+    seeds = _seeds(table, values, base, src)
+    shares = {}
+    for key, default in (("prune_from", 0.5), ("prune_margin", 1.0)):
+        x = table.get(key, default)
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1:
+            raise SearchError(f"{src}: [search] {key} must be a number in [0, 1], got {x!r}")
+        shares[key] = float(x)
     searched = [c for c in CHANNELS if c in table]
     if not searched:
         raise SearchError(f"{src}: [search] declares no channel; give a table per searched channel: "
@@ -173,7 +237,22 @@ def _space(table: dict, values: dict, base: Scenario, src: str) -> Space:
                 raise SearchError(f"{src}: key {key!r}: the search chooses the attack of {c} ([search.{c}]); "
                                   f"leave {key} out of the file")
         channels[c] = _channel(table[c], where)
-    return Space(channels, trials, seed)
+    return Space(channels, trials, seed, seeds, **shares)
+
+
+def _seeds(table: dict, values: dict, base: Scenario, src: str) -> tuple[int, ...]:
+    """[search] seeds: the seeds every trial runs on (default the scenario's own `seed`)."""
+    if "seeds" not in table:
+        return (base.seed,)
+    seeds = table["seeds"]
+    if not isinstance(seeds, list) or not seeds or not all(is_integer(s) and 0 <= s < 2**63 for s in seeds):
+        raise SearchError(f"{src}: [search] seeds must be a non-empty list of integers in [0, 2**63 - 1] (the seeds "
+                          f"every trial runs on), got {seeds!r}")
+    if len(set(seeds)) < len(seeds):
+        raise SearchError(f"{src}: [search] seeds: {next(s for s in seeds if seeds.count(s) > 1)} is listed twice")
+    if "seed" in values:
+        raise SearchError(f"{src}: key 'seed': [search] seeds sets the seeds of the runs; leave seed out of the file")
+    return tuple(int(s) for s in seeds)
 
 
 def _channel(table: Any, where: str) -> dict[str, dict[str, Range]]:
@@ -279,9 +358,9 @@ def _check_corners(values: dict, space: Space, src: str) -> None:
 # ---- the search ------------------------------------------------------------------------------
 
 class _Pruned(Exception):
-    def __init__(self, history: list[dict]):
+    def __init__(self, history: list[dict], bound: float):
         super().__init__("pruned")
-        self.history = history
+        self.history, self.bound = history, bound
 
 
 def _accuracy(evaluation: dict, status: str = "done") -> float:
@@ -290,35 +369,51 @@ def _accuracy(evaluation: dict, status: str = "done") -> float:
     return accuracy({"status": status, "final_acc": evaluation.get("test_acc")})[0]
 
 
-class _Reporter:
-    """Feeds a run's evaluations to its Optuna trial, one step per evaluation round, asking the
-    pruner after each one but the last (a finished run is never pruned). The same calls for a
-    run watched live, resumed or read back from the store: the pruner's state depends on them."""
+@dataclass
+class _Bound:
+    """When a trial's seed run may stop: the trial's objective is at least (`banked` + the run's
+    final + 0 for the seeds not run) / `seeds`, and a run's final is at least its accuracy at an
+    evaluation from `prune_from` x rounds on, minus `margin`. A run stops at the first evaluation
+    where that lower bound exceeds `worst` (the lowest objective of the trials before): the
+    trial cannot end below it. The worst only falls as the search goes on, so no stopped trial
+    could have become the worst later."""
 
-    def __init__(self, trial, rounds: int):
-        self.trial, self.rounds, self.last = trial, rounds, 0
+    worst: float | None
+    banked: float         # the finals of the trial's seeds already run
+    seeds: int
+    rounds: int
+    prune_from: float
+    margin: float
 
-    def __call__(self, history: list[dict]) -> bool:
-        history, _ = finite_history(history)
-        pruned = False
-        for evaluation in history:
-            t = evaluation["round"]
-            if t <= self.last:
-                continue
-            self.last = t
-            self.trial.report(_accuracy(evaluation), t)
-            pruned = t < self.rounds and self.trial.should_prune()
-        return pruned
+    def of(self, acc: float) -> float:
+        return (self.banked + max(0.0, acc - self.margin)) / self.seeds
+
+    def stops(self, evaluation: dict) -> float | None:
+        """The bound at this evaluation if it stops the run there, else None."""
+        t = evaluation["round"]
+        if self.worst is None or t >= self.rounds or t < self.prune_from * self.rounds:
+            return None
+        bound = self.of(_accuracy(evaluation))
+        return bound if bound > self.worst else None
+
+    def first_stop(self, history: list[dict]) -> tuple[int, float] | None:
+        """(index, bound) of the first evaluation of `history` that stops the run, or None."""
+        for i, evaluation in enumerate(finite_history(history)[0]):
+            bound = self.stops(evaluation)
+            if bound is not None:
+                return i, bound
+        return None
 
     def watch(self, history: list[dict]) -> None:
-        """runner.run's on_evaluation: stop the run when the pruner says so."""
-        if self(history):
-            raise _Pruned(history)
+        """runner.run's on_evaluation: stop the run where the bound says so."""
+        hit = self.first_stop(history)
+        if hit is not None:
+            raise _Pruned(finite_history(history)[0][:hit[0] + 1], hit[1])
 
 
-def _trial_seed(seed: int, number: int) -> int:
+def _trial_seed(seed: int, number: int, attempt: int = 0) -> int:
     import numpy as np
-    return int(np.random.SeedSequence([seed, number]).generate_state(1)[0])
+    return int(np.random.SeedSequence([seed, number] + ([attempt] if attempt else [])).generate_state(1)[0])
 
 
 def _suggest(trial, space: Space) -> dict[str, tuple[str, dict]]:
@@ -342,6 +437,108 @@ def _suggest(trial, space: Space) -> dict[str, tuple[str, dict]]:
     return point
 
 
+def _point_key(point: dict[str, tuple[str, dict]]) -> str:
+    return json.dumps(point, sort_keys=True, default=repr)
+
+
+def space_size(space: Space) -> int | None:
+    """How many distinct attack points the space holds; None where a float range makes it
+    unbounded."""
+    total = 1
+    for options in space.channels.values():
+        count = 0
+        for ranges in options.values():
+            points = 1
+            for r in ranges.values():
+                if r.kind == "float" and r.low != r.high:
+                    return None
+                points *= int(r.high) - int(r.low) + 1 if r.kind == "int" else len(r.choices) if r.kind == "choice" else 1
+            count += points
+        total *= count
+    return total
+
+
+def _enumerate(space: Space) -> list[dict[str, Any]]:
+    """Every point of a finite space, as the Optuna parameters that propose it."""
+    import itertools
+
+    per_channel = []
+    for channel, options in space.channels.items():
+        rows = []
+        for name, ranges in options.items():
+            axes = []
+            for p, r in ranges.items():
+                key = f"{channel}.{name}.{p}"
+                if r.kind == "float":
+                    axes.append([(key, r.low)])
+                elif r.kind == "int":
+                    axes.append([(key, v) for v in range(int(r.low), int(r.high) + 1)])
+                elif r.kind == "choice":
+                    axes.append([(key, v) for v in r.choices])
+            rows += [{f"{channel}.attack": name, **dict(combo)} for combo in itertools.product(*axes)]
+        per_channel.append(rows)
+    return [{k: v for part in combo for k, v in part.items()} for combo in itertools.product(*per_channel)]
+
+
+@dataclass
+class _Proposer:
+    """Distinct attack points, reproducibly: trial k's first proposal comes from TPE seeded from
+    (seed, k); a proposal equal to a trial already run is counted as a repeat, told to the study
+    as failed (it teaches the sampler nothing new) and asked again with another seed, TPE for
+    the first TPE_ATTEMPTS, then uniformly among the untried points of a finite space, or from a
+    random sampler."""
+
+    study: Any
+    space: Space
+    seen: set = field(default_factory=set)
+    proposals: int = 0
+    repeats: int = 0
+    _points: list | None = None
+
+    def next(self, number: int):
+        import optuna
+
+        for attempt in range(MAX_ATTEMPTS):
+            if attempt < TPE_ATTEMPTS:
+                with warnings.catch_warnings():  # `group` (conditional spaces) is marked experimental
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    self.study.sampler = optuna.samplers.TPESampler(
+                        seed=_trial_seed(self.space.seed, number, attempt), multivariate=True, group=True)
+            else:
+                self.study.sampler = optuna.samplers.RandomSampler(seed=_trial_seed(self.space.seed, number, attempt))
+                untried = self._untried()
+                if untried:
+                    import numpy as np
+                    rng = np.random.default_rng(_trial_seed(self.space.seed, number, attempt))
+                    self.study.enqueue_trial(untried[int(rng.integers(len(untried)))])
+            trial = self.study.ask()
+            point = _suggest(trial, self.space)
+            self.proposals += 1
+            if _point_key(point) not in self.seen:
+                self.seen.add(_point_key(point))
+                return trial, point
+            self.repeats += 1
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return None
+
+    def _untried(self) -> list[dict]:
+        size = space_size(self.space)
+        if size is None or size > MAX_ENUMERATED:
+            return []
+        if self._points is None:
+            self._points = _enumerate(self.space)
+        return [p for p in self._points if _point_key(_point_of(p, self.space)) not in self.seen]
+
+
+def _point_of(params: dict[str, Any], space: Space) -> dict[str, tuple[str, dict]]:
+    """The attack point that Optuna parameters propose (what _suggest returns for them)."""
+    class Fixed:
+        def suggest_categorical(self, key, choices):
+            return params[key]
+        suggest_float = suggest_int = lambda self, key, *a, **k: params[key]
+    return _suggest(Fixed(), space)
+
+
 def _row(store: Store, run_hash: str) -> tuple[str, list[dict], str | None] | None:
     """(status, history, owner) of a run in the store, or None."""
     row = store.db.execute("SELECT status, history, owner FROM runs WHERE hash = ?", (run_hash,)).fetchone()
@@ -351,9 +548,10 @@ def _row(store: Store, run_hash: str) -> tuple[str, list[dict], str | None] | No
 def search(values: dict[str, Any], space: Space, store: Store, source: str = "", trials: int | None = None,
            progress: bool = True, checkpoint_every: int | None = None,
            log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> Outcome:
-    """Run (or resume) the search into `store`: `trials` (default the file's) trials, each read
-    back from the store where its run is finished or pruned, else run. On SIGINT or SIGTERM the
-    running trial stops at its next round end, checkpointed, and Interrupted is raised."""
+    """Run (or resume) the search into `store`: `trials` (default the file's) distinct trials,
+    each seed run read back from the store where it is finished or was stopped, else run. On
+    SIGINT or SIGTERM the running trial stops at its next round end, checkpointed, and
+    Interrupted is raised."""
     import optuna
     from tqdm.auto import tqdm
 
@@ -362,34 +560,47 @@ def search(values: dict[str, Any], space: Space, store: Store, source: str = "",
     from .store import new_owner
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    eval_every = expand(values, source)[0].eval_every
-    study = optuna.create_study(direction="minimize", pruner=optuna.pruners.SuccessiveHalvingPruner(
-        min_resource=eval_every, reduction_factor=REDUCTION, min_early_stopping_rate=0))
+    study = optuna.create_study(direction="minimize", pruner=optuna.pruners.NopPruner())
+    wanted = trials or space.trials
+    size = space_size(space)
+    outcome = Outcome(seeds=list(space.seeds), prune_from=space.prune_from, prune_margin=space.prune_margin,
+                      wanted=wanted, space_size=size)
+    if size is not None and size < wanted:
+        outcome.stopped = (f"the space holds {size} distinct attack{'s' * (size != 1)}: the search stops after "
+                           f"{size} trials, not {wanted}")
+        log(f"{source}: [search] {outcome.stopped}")
+    proposer = _Proposer(study, space)
     owner = new_owner()
-    checkpointing = Checkpointing(str(store.path.resolve()), checkpoint_every, False, owner)
-    outcome = Outcome()
+    ctx = _Context(values, space, store, source, owner, Checkpointing(str(store.path.resolve()), checkpoint_every,
+                                                                        False, owner), progress, log)
     clear_stop()
     restore = install_stop_handlers() if threading.current_thread() is threading.main_thread() else (lambda: None)
     try:
-        with _Heartbeat(store.path, owner), tqdm(total=trials or space.trials, desc="attack search", unit="trial",
-                                                 disable=not progress) as bar:
-            for number in range(trials or space.trials):
+        with _Heartbeat(store.path, owner), tqdm(total=min(wanted, size or wanted), desc="attack search",
+                                                 unit="trial", disable=not progress) as bar:
+            while len(outcome.trials) < min(wanted, size or wanted):
                 if stop_requested():
                     raise Interrupted(stop_requested(), outcome)
-                with warnings.catch_warnings():  # `group` (conditional spaces) is marked experimental
-                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                    study.sampler = optuna.samplers.TPESampler(seed=_trial_seed(space.seed, number),
-                                                               multivariate=True, group=True)
-                trial = study.ask()
-                sc = expand(trial_values(values, _suggest(trial, space)), f"{source}: trial {number + 1}")[0]
-                result = _trial(trial, sc, number + 1, store, source, owner, checkpointing, progress, log)
+                number = len(outcome.trials)
+                proposed = proposer.next(number)
+                outcome.proposals, outcome.repeats = proposer.proposals, proposer.repeats
+                if proposed is None:
+                    outcome.stopped = (f"no untried attack in {MAX_ATTEMPTS} proposals for trial {number + 1}: "
+                                       f"the search stops after {number} trials")
+                    log(f"{source}: {outcome.stopped}")
+                    break
+                trial, point = proposed
+                w = outcome.worst
+                result = _trial(ctx, point, number + 1, None if w is None else w.final_acc)
                 outcome.trials.append(result)
                 if result.status == "pruned":
+                    trial.report(result.bound, 0)
                     study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 elif result.status == "failed":
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 else:
                     study.tell(trial, result.final_acc)
+                bar.set_postfix(repeats=outcome.repeats, refresh=False)
                 bar.update(1)
     except Interrupted as e:
         raise Interrupted(e.signum, outcome) from None
@@ -397,64 +608,118 @@ def search(values: dict[str, Any], space: Space, store: Store, source: str = "",
         store.release(owner)
         restore()
         clear_stop()
+    log(summary(outcome))
     return outcome
 
 
-def _trial(trial, sc: Scenario, number: int, store: Store, source: str, owner: str, checkpointing, progress: bool,
-           log) -> Trial:
-    """One trial: its run read back from the store when finished or pruned, else run here."""
+@dataclass
+class _Context:
+    values: dict[str, Any]
+    space: Space
+    store: Store
+    source: str
+    owner: str
+    checkpointing: Any
+    progress: bool
+    log: Callable[[str], None]
+
+
+def _trial(ctx: _Context, point: dict, number: int, worst: float | None) -> Trial:
+    """One trial: its seeds one after another, each read back from the store or run here, until
+    they are all done or the bound shows the trial cannot end below `worst`."""
+    seeds = ctx.space.seeds
+    runs: list[SeedRun] = []
+    banked = 0.0
+    for k, seed in enumerate(seeds):
+        sc = expand({**trial_values(ctx.values, point), "seed": seed}, f"{ctx.source}: trial {number}")[0]
+        bound = _Bound(worst, banked, len(seeds), sc.rounds, ctx.space.prune_from, ctx.space.prune_margin)
+        if worst is not None and banked / len(seeds) > worst:  # the seeds run already settle it
+            return _trial_of(number, sc, runs, "pruned", None, banked / len(seeds))
+        run = _seed_run(ctx, sc, number, bound)
+        runs.append(run)
+        if run.status in ("failed", "pruned"):
+            return _trial_of(number, sc, runs, run.status, None, run.bound)
+        banked += run.final_acc
+    status = "diverged" if any(r.status == "diverged" for r in runs) else "done"
+    return _trial_of(number, sc, runs, status, banked / len(seeds), None)
+
+
+def _trial_of(number: int, sc: Scenario, runs: list[SeedRun], status: str, objective: float | None,
+              bound: float | None) -> Trial:
+    first = runs[0] if runs else None
+    scenario = first.scenario if first else sc.to_dict()
+    return Trial(number, first.hash if first else scenario_hash(scenario), scenario, status, objective,
+                 sum(r.rounds_done for r in runs), any(r.ran for r in runs), runs, bound)
+
+
+def _seed_run(ctx: _Context, sc: Scenario, number: int, bound: _Bound) -> SeedRun:
+    """One seed of a trial: read back when finished, or stopped where the bound still stops it;
+    else claimed and run here."""
     values = sc.to_dict()
     run_hash = scenario_hash(values)
-    reporter = _Reporter(trial, sc.rounds)
-    row = _row(store, run_hash)
+    row = _row(ctx.store, run_hash)
+    if row is not None and row[0] == "pruned" and bound.first_stop(row[1]) is None:
+        row = None  # stopped under other settings: this search runs it on
     if row is None or row[0] not in (*FINISHED, "pruned"):
-        if store.claim(run_hash, values, source, owner):
-            return _run(reporter, sc, number, run_hash, store, source, owner, checkpointing, progress, log)
-        row = _row(store, run_hash)
+        if ctx.store.claim(run_hash, values, ctx.source, ctx.owner):
+            return _run(ctx, sc, number, run_hash, bound)
+        row = _row(ctx.store, run_hash)
         if row[0] not in (*FINISHED, "pruned"):
             raise SearchError(f"trial {number}: its run {run_hash} is being run by another process ({row[2]}); "
                               f"run the search again once it is done")
     status, history = row[0], row[1]
-    reporter(history)  # the pruner's calls, as when it ran
-    return Trial(number, run_hash, values, status, None if status == "pruned" else _final(status, history),
-                 history[-1]["round"] if history else 0, False)
+    history, _ = finite_history(history)
+    done = history[-1]["round"] if history else 0
+    if status == "pruned":
+        return SeedRun(sc.seed, run_hash, values, status, None, done, False, bound.first_stop(history)[1])
+    return SeedRun(sc.seed, run_hash, values, status, _final(status, history), done, False)
 
 
-def _run(reporter: _Reporter, sc: Scenario, number: int, run_hash: str, store: Store, source: str, owner: str,
-         checkpointing, progress: bool, log) -> Trial:
-    """Run a claimed trial (resuming it from its checkpoint) into the store: done or diverged,
-    pruned, or failed (its error stored, the search goes on)."""
+def _run(ctx: _Context, sc: Scenario, number: int, run_hash: str, bound: _Bound) -> SeedRun:
+    """Run a claimed seed run (resuming it from its checkpoint) into the store: done or
+    diverged, pruned, or failed (its error stored, the search goes on)."""
     from tqdm.auto import tqdm
 
     from . import runner
     from .checkpoint import Interrupted
     from .execute import _data_for
 
-    values = sc.to_dict()
-    with tqdm(total=sc.rounds, desc=f"trial {number}: {sc.attacks_in_brief()}", unit="round", leave=False,
-              disable=not progress) as bar:
+    values, store, checkpointing = sc.to_dict(), ctx.store, ctx.checkpointing
+    with tqdm(total=sc.rounds, desc=f"trial {number}, seed {sc.seed}: {sc.attacks_in_brief()}", unit="round",
+              leave=False, disable=not ctx.progress) as bar:
         try:
             result = runner.run(sc, data=_data_for(sc), progress=lambda t: bar.update(t - bar.n),
-                                checkpoint=checkpointing.for_run(run_hash), on_evaluation=reporter.watch)
+                                checkpoint=checkpointing.for_run(run_hash), on_evaluation=bound.watch)
         except _Pruned as p:
-            history, _ = finite_history(p.history)
-            store.prune(run_hash, history, f"pruned at round {history[-1]['round']} by the attack search")
+            t = p.history[-1]["round"]
+            store.prune(run_hash, p.history, f"pruned at round {t} by the attack search: its trial's objective is "
+                                             f"at least {p.bound:.4f}, above the worst found ({bound.worst:.4f})")
             checkpointing.done_with(run_hash)
-            return Trial(number, run_hash, values, "pruned", None, history[-1]["round"], True)
+            return SeedRun(sc.seed, run_hash, values, "pruned", None, t, True, p.bound)
         except Interrupted:
-            store.release(owner, run_hash)
+            store.release(ctx.owner, run_hash)
             raise
         except Exception as e:  # noqa: BLE001 (the run's own error)
             store.fail(run_hash, traceback.format_exc(limit=4))
-            log(f"trial {number}: run {run_hash} failed: "
-                f"{''.join(traceback.format_exception_only(e)).strip().splitlines()[0]}")
-            return Trial(number, run_hash, values, "failed", None, 0, True)
+            ctx.log(f"trial {number}: run {run_hash} failed: "
+                    f"{''.join(traceback.format_exception_only(e)).strip().splitlines()[0]}")
+            return SeedRun(sc.seed, run_hash, values, "failed", None, 0, True)
     status = store.finish(run_hash, values, result.history, result.bn_stats, result.wall_time_s, result.device,
-                          source=source, resumed_from=result.extra["resumed_from"])
+                          source=ctx.source, resumed_from=result.extra["resumed_from"])
     checkpointing.done_with(run_hash)
     history, _ = finite_history(result.history)
-    return Trial(number, run_hash, values, status, _final(status, history), history[-1]["round"], True)
+    return SeedRun(sc.seed, run_hash, values, status, _final(status, history), history[-1]["round"], True)
 
 
 def _final(status: str, history: list[dict]) -> float:
     return _accuracy(history[-1] if history else {}, status)
+
+
+def summary(outcome: Outcome) -> str:
+    """One line: the trials, the proposals that repeated one, and what was stopped early."""
+    n = len(outcome.trials)
+    line = (f"{n} trial{'s' * (n != 1)} ({n} distinct attacks from {outcome.proposals} proposals, "
+            f"{outcome.repeats} repeat{'s' * (outcome.repeats != 1)} not counted): "
+            f"{n - outcome.count('pruned') - outcome.count('failed')} finished, {outcome.count('pruned')} stopped "
+            f"early (could not end below the worst), {outcome.count('failed')} failed")
+    return line + (f"; {outcome.stopped}" if outcome.stopped else "")

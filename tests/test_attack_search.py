@@ -12,7 +12,7 @@ from robustbn import runner
 from robustbn import search as attack_search
 from robustbn.checkpoint import checkpoint_dir, request_stop
 from robustbn.cli import main
-from robustbn.store import FINISHED, Store
+from robustbn.store import FINISHED, Store, finite_history
 
 from matrices import one_line_error, torch_threads
 
@@ -104,23 +104,136 @@ def test_a_devastating_attack_against_the_mean_is_found(tmp_path, capsys):
     assert clean.final_accuracy > worst["final_acc"] + 0.1
 
 
-def test_pruned_trials_are_marked_and_never_counted_as_finished_runs(tmp_path, capsys):
-    db, path = tmp_path / "s.sqlite", write(tmp_path, BASE + SPACE.format(seed=0))
-    with Store(db) as store:
-        outcome = attack_search.search(*attack_search.load(path), store, str(path), progress=False)
-    runs = trials_of(db)
-    pruned = [(h, history) for h, status, history in runs if status == "pruned"]
-    assert {t.hash for t in outcome.trials if t.status == "pruned"} == {h for h, _ in pruned} != set()
-    assert outcome.as_json()["pruned"] == outcome.count("pruned") >= len(pruned)  # a trial may repeat a run
+LATE = """
+import attacks
+
+class Late(attacks.Attack):
+    \"\"\"Honest for its first `after` rounds, then -factor x the honest mean: a trial whose
+    accuracy looks harmless until the end.\"\"\"
+    name = "late"
+
+    def __init__(self, after: int = 0, factor: float = 1.0):
+        self.after, self.factor, self.calls = after, factor, 0
+
+    def forge(self, honest, f):
+        self.calls += 1
+        mean = honest.mean(0, keepdim=True)
+        return (mean if self.calls <= self.after else -self.factor * mean).repeat(f, 1)
+"""
+MISLEADING = BASE.replace("rounds = 6", "rounds = 12").replace("eval_every = 2", "eval_every = 3") + """lr = 0.1
+[search]
+trials = 5
+seed = 0
+[search.grad]
+attacks = ["honest", "scale", "lateattack:Late"]
+[search.grad.scale]
+factor = [-2.0, -1.0]
+[search.grad."lateattack:Late"]
+after = 9
+factor = 1e4
+"""
+
+
+def run_to_the_end(scenario: dict) -> list[float]:
+    """A trial's scenario run on its own, to its last round: its accuracy at every evaluation
+    (a diverged run ends at 0.0, as the search and every result view count it)."""
+    history, diverged = finite_history(runner.run(scenario).history)
+    return [h["test_acc"] or 0.0 for h in history[:-1]] + [0.0 if diverged else history[-1]["test_acc"]]
+
+
+def test_a_search_reports_the_worst_of_its_trials_where_early_accuracy_misleads(tmp_path, capsys,
+                                                                                clean_search_path):
+    """The late attack is harmless to the accuracy until round 9 (above another trial there)
+    and the worst at round 12: every trial runs to its end, and the reported worst is the
+    lowest final accuracy of the trials, each run again on its own to the end."""
+    (tmp_path / "lateattack.py").write_text(LATE)
+    out = search(capsys, write(tmp_path, MISLEADING), tmp_path / "s.sqlite")
+    assert out["trials"] == 5 and out["pruned"] == 0 and len(out["tried"]) == 5
+    curves = {t["trial"]: run_to_the_end(trials_scenario(tmp_path / "s.sqlite", t["seeds"][0]["hash"]))
+              for t in out["tried"]}
+    assert {t["trial"]: t["final_acc"] for t in out["tried"]} == {k: c[-1] for k, c in curves.items()}
+    assert out["worst"]["final_acc"] == min(c[-1] for c in curves.values())
+    assert out["worst"]["grad_attack"] == "lateattack:Late"
+    late = curves[out["worst"]["trial"]]
+    assert any(late[2] > c[2] for c in curves.values())  # at round 9 another trial looked worse
+    assert out["objective"].startswith("the trial's mean over its seeds of the final test accuracy")
+
+
+def trials_scenario(db, run_hash) -> dict:
+    with Store(db, readonly=True) as store:
+        return json.loads(store.db.execute("SELECT scenario FROM runs WHERE hash = ?", (run_hash,)).fetchone()[0])
+
+
+def test_a_trials_objective_is_the_mean_over_its_seeds_and_a_stopped_trial_could_not_win(tmp_path, capsys):
+    """seeds = [0, 1, 2]: a finished trial's objective is the mean of its three runs' final
+    accuracies; a trial stopped early is kept with its bound, and its seeds not run, run now,
+    confirm it: its objective is at least the bound, above the worst found before it."""
+    text = BASE + SPACE.format(seed=0).replace("trials = 6", "trials = 5\nseeds = [0, 1, 2]")
+    db = tmp_path / "s.sqlite"
+    out = search(capsys, write(tmp_path, text), db)
+    with Store(db, readonly=True) as store:
+        rows = {r["hash"]: r for r in store.rows()}
+    finished = [t for t in out["tried"] if t["status"] in FINISHED]
+    assert finished and out["trials"] == 5 and out["seeds"] == [0, 1, 2]
+    for t in finished:
+        assert [s["seed"] for s in t["seeds"]] == [0, 1, 2]
+        finals = [rows[s["hash"]]["final_acc"] or 0.0 for s in t["seeds"]]
+        assert [rows[s["hash"]]["seed"] for s in t["seeds"]] == [0, 1, 2]
+        assert t["final_acc"] == pytest.approx(sum(finals) / 3)
+    stopped = [t for t in out["tried"] if t["status"] == "pruned"]
+    assert stopped and out["pruned"] == len(stopped)
+    for t in stopped:
+        before = min(u["final_acc"] for u in finished if u["trial"] < t["trial"])
+        assert t["bound"] > before and len(t["seeds"]) < 3
+        scenario = trials_scenario(db, t["seeds"][0]["hash"])
+        objective = sum(run_to_the_end({**scenario, "seed": seed})[-1] for seed in (0, 1, 2)) / 3
+        assert objective >= t["bound"] - 1e-9 and objective > out["worst"]["final_acc"]
+    assert out["worst"]["final_acc"] == min(t["final_acc"] for t in finished)
+    assert out["worst"]["seeds"] == [0, 1, 2] and len(out["worst"]["hashes"]) == 3
+
+
+def test_a_run_stopped_on_its_curve_is_stored_pruned_and_never_counted_as_finished(tmp_path, capsys):
+    """prune_margin < 1 trusts the curve from prune_from x rounds on: a run whose accuracy
+    minus the margin is above the worst stops there, stored `pruned` with its reason."""
+    text = BASE + SPACE.format(seed=0).replace("seed = 0", "seed = 0\nprune_from = 0.5\nprune_margin = 0.0")
+    db = tmp_path / "s.sqlite"
+    out = search(capsys, write(tmp_path, text), db)
     with Store(db, readonly=True) as store:
         rows = {r["hash"]: r for r in store.rows()}
         finished = {r["hash"] for r in store.rows(status=FINISHED)}
-    for run_hash, history in pruned:
-        assert run_hash not in finished and rows[run_hash]["rounds_done"] < 6 == rows[run_hash]["rounds"]
-        assert rows[run_hash]["error"] == f"pruned at round {history[-1]['round']} by the attack search"
-    assert len(finished) + len(pruned) == len(runs)
+    pruned = {h for h, r in rows.items() if r["status"] == "pruned"}
+    assert pruned and {t["seeds"][0]["hash"] for t in out["tried"] if t["status"] == "pruned"} == pruned
+    assert out["pruning"]["prune_margin"] == 0.0 and out["pruned"] == len(pruned)
+    for run_hash in pruned:
+        row = rows[run_hash]
+        assert run_hash not in finished and 3 <= row["rounds_done"] < 6
+        assert row["error"].startswith(f"pruned at round {row['rounds_done']} by the attack search")
+    assert len(finished) + len(pruned) == len(rows) == 6
     assert main(["results", "--db", str(db), "--status", "pruned", "--format", "json"]) == 0
-    assert {r["hash"] for r in json.loads(capsys.readouterr().out)} == {h for h, _ in pruned}
+    assert {r["hash"] for r in json.loads(capsys.readouterr().out)} == pruned
+
+
+def test_repeated_proposals_are_not_counted(tmp_path, capsys):
+    """`trials = 6` is six distinct attacks; the sampler's repeats are counted apart, in the
+    JSON and on stderr."""
+    path, db = write(tmp_path, BASE + SPACE.format(seed=0)), tmp_path / "s.sqlite"
+    code = main(["attack-search", str(path), "--db", str(db), "--quiet", "--format", "json"])
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert code == 0 and out["trials"] == 6 == len(trials_of(db)) == len({t["attack"] for t in out["tried"]})
+    assert out["repeats"] == out["proposals"] - 6 >= 1
+    assert f"6 distinct attacks from {out['proposals']} proposals, {out['repeats']} repeat" in captured.err
+
+
+def test_a_finite_space_smaller_than_trials_stops_when_it_is_exhausted(tmp_path, capsys):
+    text = BASE + '[search]\ntrials = 6\n[search.grad]\nattacks = ["none", "sf", "alie"]\n[search.grad.alie]\nz = 1.0\n'
+    path, db = write(tmp_path, text), tmp_path / "s.sqlite"
+    code = main(["attack-search", str(path), "--db", str(db), "--quiet", "--format", "json"])
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert code == 0 and out["trials"] == 3 == len(trials_of(db))
+    assert len({t["attack"] for t in out["tried"]}) == 3 and out["proposals"] == 3 + out["repeats"]
+    assert "holds 3 distinct attacks" in out["stopped"] and "holds 3 distinct attacks" in captured.err
 
 
 def test_trials_appear_in_results_worst_case(tmp_path, capsys):
@@ -262,7 +375,19 @@ def test_the_evaluation_hook_leaves_a_run_unchanged(tmp_path):
     (BASE + SPACE.format(seed=0).replace("trials = 6", "trials = 0"), ["[search] trials", ">= 1"]),
     (BASE + SPACE.format(seed=0).replace("seed = 0", "seed = -1"), ["[search] seed"]),
     (BASE + "[search]\ntrials = 2\n", ["declares no channel", "[search.grad]"]),
-    (BASE + "[search]\nbn_avg = {}\n", ["unknown key 'bn_avg'", "grad, bn_mean, bn_var"]),
+    (BASE + SPACE.format(seed=0).replace("trials = 6", "trials = 6\nseeds = []"), ["[search] seeds",
+                                                                                  "non-empty list"]),
+    (BASE + SPACE.format(seed=0).replace("trials = 6", "trials = 6\nseeds = [0, 1.5]"), ["[search] seeds",
+                                                                                        "integers"]),
+    (BASE + SPACE.format(seed=0).replace("trials = 6", "trials = 6\nseeds = [1, 2, 1]"), ["[search] seeds",
+                                                                                         "1 is listed twice"]),
+    (BASE + "seed = 3\n" + SPACE.format(seed=0).replace("trials = 6", "trials = 6\nseeds = [1, 2]"),
+     ["key 'seed'", "[search] seeds", "leave seed out"]),
+    (BASE + SPACE.format(seed=0).replace("trials = 6", "trials = 6\nprune_from = 1.5"), ["[search] prune_from",
+                                                                                        "[0, 1]"]),
+    (BASE + SPACE.format(seed=0).replace("trials = 6", 'trials = 6\nprune_margin = "no"'),
+     ["[search] prune_margin", "[0, 1]"]),
+    (BASE + "[search]\nbn_avg = {}\n", ["unknown key 'bn_avg'", "seeds", "grad, bn_mean, bn_var"]),
     (BASE.replace('norm = "fbn"', 'norm = ["fbn", "naive"]') + SPACE.format(seed=0), ["'norm' is a list",
                                                                                      "one value per field"]),
     (BASE.replace("f = 1", "f = 0") + SPACE.format(seed=0), ["key 'f'", "f >= 1"]),
@@ -326,3 +451,20 @@ def test_every_shipped_search_file_is_valid_and_no_matrix(capsys):
         values, space = attack_search.load(path)
         assert values.get("description") and space.channels and space.trials >= 1
         one_line_error(capsys, main(["list", str(path)]), "a search file", "robustbn attack-search")
+
+
+@pytest.mark.parametrize("worst, banked, acc, t, stops", [
+    (None, 0.9, 0.9, 8, False),      # nothing finished yet: nothing to compare with
+    (0.3, 0.5, 0.0, 8, False),       # (0.5 + 0) / 3 = 0.17: could still end below 0.3
+    (0.3, 0.5, 0.65, 8, True),       # (0.5 + 0.65 - 0.2) / 3 = 0.317 > 0.3
+    (0.3, 0.5, 0.6, 8, False),       # (0.5 + 0.6 - 0.2) / 3 = 0.3: a tie could still be the worst
+    (0.3, 0.5, 0.6, 4, False),       # before prune_from x rounds = 5
+    (0.3, 0.5, 0.9, 10, False),      # the last evaluation: the run is finished, never stopped
+    (0.3, 0.95, 0.0, 8, True),       # the seeds run already settle it
+])
+def test_a_run_stops_only_where_its_trials_lower_bound_exceeds_the_worst(worst, banked, acc, t, stops):
+    bound = attack_search._Bound(worst, banked, seeds=3, rounds=10, prune_from=0.5, margin=0.2)
+    at = bound.stops({"round": t, "test_acc": acc})
+    assert (at is not None) == stops
+    if stops:
+        assert at == pytest.approx((banked + max(0.0, acc - 0.2)) / 3) and at > worst
