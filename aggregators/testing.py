@@ -16,6 +16,9 @@ the properties that compare two calls. A rule that needs the server's reference 
 perturbation), and every transformation applies to it too: the same shift, the same scale,
 and for identity on identical rows, a reference equal to that row. `robustbn check-aggregator
 SPEC` prints the report.
+
+What needs the attack catalogue too sits above both packages: an attack's own checks
+(`robustbn.attack_kit.check_attack`) and a rule's measured (f, kappa) (`robustbn.kappa`).
 """
 
 from __future__ import annotations
@@ -31,8 +34,7 @@ from hypothesis.errors import Unsatisfiable
 
 from .base import is_stateful, sanitize
 from .pipeline import Pipeline, build
-# the declared kappa, and the measured one of any spec (re-exported: the kit's last answer)
-from .robustness import KappaMeasurement, kappa_of, lower_bound, measure_kappa
+from .robustness import kappa_of, lower_bound
 
 HOSTILE = (float("nan"), float("inf"), -float("inf"), 1e38, -1e38)
 
@@ -303,7 +305,7 @@ PROPERTIES: dict[str, Callable] = {
 }
 
 
-def _settings(examples: int):
+def reproducible(examples: int):
     """Reproducible runs (derandomized, no example database) that stop at the first failure."""
     return settings(max_examples=examples, deadline=None, database=None, derandomize=True,
                     suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
@@ -351,7 +353,7 @@ def check(spec: str, f: int | None = None, n: int | None = None, examples: int =
         left = {name: PROPERTIES[name] for name in chosen if name not in outcomes}
         seen = {"applicable": set(), "last": None, "failed": None}
 
-        @_settings(examples)
+        @reproducible(examples)
         @given(data=st.data())
         def run(data):
             # (f, kappa)-robustness is stated for exactly f hostile rows: half the draws have them
@@ -385,50 +387,5 @@ def check(spec: str, f: int | None = None, n: int | None = None, examples: int =
     return [outcomes[name] for name in chosen]
 
 
-def check_attack(name: str, f: int = 2, examples: int = 50, **params) -> list[Outcome]:
-    """The properties an attack must have on any honest message set: f rows of the honest
-    rows' width, dtype and device, and no writes into the honest messages."""
-    import attacks
-    params.setdefault("pipeline", build("median", f=f))  # for an attack that line-searches against one
-    attack = attacks.build(name, **params)
-    if attack is None:
-        return [Outcome("an attack", "not applicable")]
-    outcomes = []
-
-    def forged_shape(m: Messages):
-        out = attack(m.x, f)
-        if out.shape != (f, m.x.shape[1]) or out.dtype != m.x.dtype or out.device != m.x.device:
-            raise AssertionError(f"{tuple(out.shape)} {out.dtype} for honest {tuple(m.x.shape)} {m.x.dtype}")
-
-    def honest_not_written(m: Messages):
-        before = m.x.clone()
-        attack(m.x, f)
-        if not torch.equal(m.x, before):
-            raise AssertionError("the attack wrote into the honest messages")
-
-    for label, prop in (("f messages of the honest shape, dtype and device", forged_shape),
-                        ("honest messages never written", honest_not_written)):
-        seen = {}
-
-        @_settings(examples)
-        @given(m=message_sets(n=st.integers(1, 12), f=0, hostile=False))
-        def run(m):
-            try:
-                attack(m.x, f)
-            except ValueError:
-                assume(False)  # too few honest messages for this attack and f: another draw
-            seen["last"] = m
-            prop(m)
-
-        try:
-            run()
-            outcomes.append(Outcome(label, "held"))
-        except AssertionError as e:
-            outcomes.append(Outcome(label, "failed", repr(seen["last"]), str(e)[:300]))
-    return outcomes
-
-
-__all__ = ["HOSTILE", "Messages", "NotApplicable", "Outcome", "PROPERTIES", "check", "check_attack", "kappa_of",
-           "message_sets"]
-
-__all__ += ["KappaMeasurement", "lower_bound", "measure_kappa"]
+__all__ = ["HOSTILE", "Messages", "NotApplicable", "Outcome", "PROPERTIES", "check", "kappa_of", "lower_bound",
+           "message_sets", "reproducible"]

@@ -8,7 +8,8 @@ from hypothesis import settings
 
 import aggregators
 import attacks
-from aggregators.testing import PROPERTIES, check, check_attack
+from aggregators.testing import PROPERTIES, check
+from robustbn.attack_kit import check_attack
 from robustbn.cli import main
 
 EXAMPLES = 30

@@ -1,6 +1,7 @@
 """The import graph of robustbn, aggregators and attacks, read from the source with the ast
 module (imports inside function bodies included): no circles, and the layering DESIGN.md asks
-for (aggregators and attacks never import robustbn; the BN layer below the protocols)."""
+for (aggregators below attacks, both below robustbn: aggregators imports neither attacks nor
+robustbn, attacks never robustbn; the BN layer below the protocols)."""
 
 import ast
 from pathlib import Path
@@ -9,6 +10,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("robustbn", "aggregators", "attacks")
+# the project packages each lower package may import, itself included: aggregators at the
+# bottom, attacks above it (its attacks aim at pipelines), robustbn above both
+ALLOWED = {"aggregators": {"aggregators"}, "attacks": {"aggregators", "attacks"}}
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -44,6 +48,13 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
         graph[module] = set().union(*(_targets(module, path.name == "__init__.py", node, set(files))
                                       for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))))
     return graph
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """'module -> target' for every import, lazy or not, by a module of aggregators or attacks
+    of a project package above its own (ALLOWED)."""
+    return [f"{module} -> {target}" for module, targets in sorted(graph.items()) if module.split(".")[0] in ALLOWED
+            for target in sorted(targets) if target.split(".")[0] not in ALLOWED[module.split(".")[0]]]
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -102,6 +113,24 @@ def test_lazy_imports_and_relative_imports_are_read(tmp_path):
     assert find_cycle(graph) == ["robustbn.high", "robustbn.low", "robustbn.high"]
 
 
+def test_aggregators_import_neither_attacks_nor_robustbn():
+    """No arrow runs back up the house: what needs aggregators and attacks both (the measured
+    kappa, an attack's checks) lives in robustbn."""
+    graph = import_graph()
+    assert "aggregators.testing" in graph and "attacks.base" in graph
+    assert upward_imports(graph) == []
+
+
+def test_an_import_up_the_layers_is_found_even_inside_a_function(tmp_path):
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "aggregators" / "kit.py").write_text("import torch\n\n\ndef f():\n    import attacks\n")
+    (tmp_path / "aggregators" / "low.py").write_text("def g():\n    from robustbn import run\n")
+    (tmp_path / "attacks" / "a.py").write_text("from aggregators import kit\n\n\ndef h():\n    import attacks.a\n")
+    assert upward_imports(import_graph(tmp_path)) == ["aggregators.kit -> attacks", "aggregators.low -> robustbn"]
+
+
 def test_layers():
     """aggregators and attacks never import robustbn; the BN layer, the errors and the shared
     words sit below what uses them."""
@@ -128,7 +157,8 @@ def test_layers():
 
 
 def test_only_the_flower_bridge_imports_flwr():
-    """flwr is an extra (robustbn[flower]): no module outside robustbn.flower imports it."""
+    """flwr is an extra (robustbn[flower]): no module outside robustbn.flower (a module or a
+    package) imports it."""
     importers = set()
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
@@ -141,4 +171,4 @@ def test_only_the_flower_bridge_imports_flwr():
                     continue
                 if any(name == "flwr" or name.startswith("flwr.") for name in names):
                     importers.add(_module_name(path, ROOT))
-    assert importers == {"robustbn.flower"}
+    assert importers and all(m == "robustbn.flower" or m.startswith("robustbn.flower.") for m in importers), importers

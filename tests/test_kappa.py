@@ -1,4 +1,4 @@
-"""The measured (f, kappa) (aggregators.robustness, re-exported by aggregators.testing): the
+"""The measured (f, kappa) (robustbn.kappa, against aggregators.robustness's definition): the
 mean and a user's MidRange are unbounded, the rules with a published bound measure within it,
 no built-in rule measures below the lower bound f/(n - 2f), a declared bound below the
 measurement is a failure, one seed gives one measurement, and check-aggregator's kappa line,
@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 import aggregators
 import attacks
 from aggregators import robustness
-from aggregators.testing import lower_bound, measure_kappa
+from aggregators.robustness import lower_bound
+from robustbn import kappa
+from robustbn.kappa import measure_kappa
 from robustbn.cli import main
 
 SMALL = dict(trials=1, steps=4, starts=1)
@@ -77,7 +79,7 @@ def test_the_mean_and_midrange_are_unbounded(registered, spec):
     m = measure_kappa(spec, 10, 3, **SMALL)
     assert m.unbounded and m.kappa == math.inf and m.exceeds_declared is False
     # the sweep that shows it grows about a hundredfold per tenfold scale (the ratio ~ t^2)
-    assert len(m.growth) == robustness.DECADES + 1
+    assert len(m.growth) == kappa.DECADES + 1
     assert all(b >= 50 * a for a, b in zip(m.growth[-3:], m.growth[-2:]))
     assert "unbounded" in m.summary() and m.attack in m.summary()
 
@@ -211,7 +213,7 @@ def test_check_aggregator_prints_the_kappa_line_and_max_kappa_sets_the_exit(regi
 def test_check_aggregator_table(monkeypatch, capsys):
     monkeypatch.setattr(aggregators.pipeline, "AGGREGATORS", {"median": aggregators.CoordinateWiseMedian,
                                                               "mean": aggregators.Mean})
-    monkeypatch.setattr(robustness, "PIPELINES", ("nnm+median", "bucketing+median"))
+    monkeypatch.setattr(kappa, "PIPELINES", ("nnm+median", "bucketing+median"))
     assert main(["check-aggregator", "--table", "--trials", "1", "--steps", "2"]) == 0
     rows = {r.split("|")[1].strip(): r for r in capsys.readouterr().out.splitlines() if r.startswith("| ")}
     assert set(rows) == {"rule", "median", "mean", "nnm+median", "bucketing+median"}

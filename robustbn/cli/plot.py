@@ -1,0 +1,55 @@
+"""`robustbn plot KIND`: curves, heterogeneity, heatmap or worst-case figures of the results
+store (robustbn.plots)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .common import (DEFAULT_DB, MATRIX_HELP, RAW, WHERE_HELP, UsageError, check_image_path, fail_cleanly,
+                     matching_rows)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plot", help="plot results: curves, heterogeneity, heatmap, worst-case", formatter_class=RAW,
+                       description="curves: accuracy vs round, one line per combination of the fields that vary "
+                                   "(seed 002, Figure 4); heterogeneity: final accuracy vs --x (Figure 3a); heatmap: "
+                                   "attack x defense final accuracy, one panel per norm mode. Seeds are pooled: the "
+                                   "mean, its 95% CI (Student t over seeds) as band, error bar or cell text, and "
+                                   "the number of seeds. Lines: a color per norm mode, a line style "
+                                   "per defense (mean: solid), a marker per attack; legends in words (\"FBN, SF on the "
+                                   "mean, nnm+median (2 seeds)\"), with key=value for any other field that varies. "
+                                   "worst-case: defense x norm mode, one panel per other varying setting (f, gamma, ...), each "
+                                   "cell the worst accuracy over attacks (seeds pooled) and the worst attack with the "
+                                   "channels it hit (\"SF (mean)\"); see `robustbn results --worst-case`.",
+                       epilog="examples:\n  robustbn plot curves --where gamma=0.0 --out results/fig4.png\n"
+                              "  robustbn plot heterogeneity --where f=0 --out results/fig3a.png\n"
+                              "  robustbn plot heatmap --where gamma=0.0 --out results/heatmap.png\n"
+                              "  robustbn plot worst-case --out results/worst.png")
+    p.add_argument("kind", choices=["curves", "heterogeneity", "heatmap", "worst-case"])  # plots.KINDS
+    p.add_argument("--out", required=True)
+    p.add_argument("--db", default=DEFAULT_DB)
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help=WHERE_HELP)
+    p.add_argument("--matrix", metavar="FILE", default=None, help=MATRIX_HELP)
+    p.add_argument("--x", default="gamma", help="x axis of the heterogeneity plot (default gamma; e.g. alpha)")
+    p.add_argument("--title", default=None)
+    p.set_defaults(run=cmd_plot)
+
+
+@fail_cleanly
+def cmd_plot(args) -> int:
+    from ..matrix import FIELDS
+    from ..plots import plot
+    from ..store import Store
+
+    check_image_path(args.out)
+    if args.kind == "heterogeneity" and args.x not in FIELDS:
+        raise UsageError(f"--x {args.x}: not a scenario field; allowed: {', '.join(sorted(FIELDS))}")
+    with Store(args.db, readonly=True) as store:
+        rows = matching_rows(store, args.where, matrix=args.matrix)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        plot(rows, args.kind, args.out, args.title, args.x)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print(args.out)
+    return 0

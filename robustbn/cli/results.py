@@ -1,0 +1,198 @@
+"""`robustbn results`: the results store as a table, CSV or JSON, a run per row; or one of its
+views: --worst-case (robustbn.worst), --pooled and --compare (robustbn.stats)."""
+
+from __future__ import annotations
+
+from .common import (DEFAULT_DB, MATRIX_HELP, RAW, WHERE_HELP, UsageError, channel_columns, fail_cleanly,
+                     matching_rows, parse_where, text_table)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("results", help="show or export the results store", formatter_class=RAW,
+                       description="A row per run (table, csv or json). --worst-case: a row per setting (every "
+                                   "field but the attack and the seed: norm mode, defense, f, gamma, ...) with its "
+                                   "worst final accuracy over the attacks run against it, seeds pooled first (mean "
+                                   "over seeds), the attack that achieved it and the accuracy without attack. "
+                                   "f > 0 runs whose every channel is none or honest are the no-attack baseline, "
+                                   "not attacks; diverged runs (NaN accuracy) count as 0.0. --pooled: a row per "
+                                   "group of runs differing only in seed, with the mean over seeds and its 95% "
+                                   "confidence interval (Student t). --compare: paired differences between two "
+                                   "values of one field, seed by seed.",
+                       epilog="examples:\n  robustbn results\n  robustbn results --where norm=fbn --where f=3\n"
+                              "  robustbn results --format json > results.json\n"
+                              "  robustbn results --worst-case --where gamma=0.0\n"
+                              "  robustbn results --worst-case --matrix scenarios/worst_case_fmnist.toml\n"
+                              "  robustbn results --worst-case --format csv > worst.csv\n"
+                              "  robustbn results --pooled --where gamma=0.0\n"
+                              "  robustbn results --compare bn_agg=mean bn_agg=nnm+median --where norm=fbn")
+    p.add_argument("--db", default=DEFAULT_DB)
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help=WHERE_HELP)
+    p.add_argument("--matrix", metavar="FILE", default=None, help=MATRIX_HELP)
+    p.add_argument("--status", choices=["done", "diverged", "running", "failed", "pruned"], default=None,
+                   help="running runs show their rounds_done and history so far")
+    p.add_argument("--worst-case", action="store_true",
+                   help="per setting, the worst accuracy over attacks (seeds pooled, 95%% CI), the attack achieving "
+                        "it, and a verdict per norm protocol: best, tied for best (paired over seeds), worse")
+    p.add_argument("--pooled", action="store_true",
+                   help="a row per group of runs that differ only in seed: seeds, mean final accuracy, its 95%% CI "
+                        "(Student t over seeds, clipped to [0, 1]; none for 1 seed), diverged runs")
+    p.add_argument("--compare", nargs=2, metavar=("FIELD=A", "FIELD=B"),
+                   help="pair runs that differ only in FIELD (same seed, every other field equal): per setting, the "
+                        "mean paired difference B - A of the final accuracy, its 95%% CI and the number of pairs")
+    p.set_defaults(run=cmd_results)
+
+
+@fail_cleanly
+def cmd_results(args) -> int:
+    from ..labels import varying
+    from ..store import FINISHED, RESULT_COLUMNS, Store, export
+
+    views = [flag for flag, on in (("--worst-case", args.worst_case), ("--pooled", args.pooled),
+                                   ("--compare", args.compare)) if on]
+    if len(views) > 1:
+        raise UsageError(f"{' and '.join(views)}: one view at a time; give one of them")
+    if views and args.status not in (None, "done", "diverged"):
+        raise UsageError(f"{views[0]} reads finished runs only (leave out --status)")
+    compared = _compared(args.compare) if args.compare else None
+    with Store(args.db, readonly=True) as store:
+        rows = matching_rows(store, args.where, FINISHED if views else args.status, args.matrix)
+    if args.worst_case:
+        return _print_worst_case(rows, args.format)
+    if args.pooled:
+        return _print_pooled(rows, args.format)
+    if compared:
+        return _print_compare(rows, *compared, args.format)
+    if args.format == "table":
+        shown = channel_columns(rows, (varying(rows) if len(rows) > 1 else ["norm"]) + ["seed", *RESULT_COLUMNS])
+        print(text_table(rows, shown))
+        print(f"{len(rows)} runs")
+    else:
+        # every scenario field of any row (runs made before a field existed lack it)
+        scenario_keys = sorted({k for r in rows for k in r} - set(RESULT_COLUMNS) - {"history", "error"})
+        print(export(rows, args.format, scenario_keys + list(RESULT_COLUMNS) + ["history"]), end="")
+    return 0
+
+
+def _intervals(rows: list[dict], columns: list[str], spans: dict[str, tuple[str, str, str]]) -> tuple[list, list]:
+    """Rows and columns for a printed table where each (low, high) column pair becomes one text
+    column: spans maps low to (high, the new column's name, the column counting seeds or pairs)."""
+    from ..stats import ci_text
+
+    shown, out = [], [dict(r) for r in rows]
+    for c in columns:
+        if c in spans:
+            high, name, count = spans[c]
+            unit = "pair" if count.endswith("pairs") else "seed"
+            for r, o in zip(rows, out):
+                o[name] = ci_text(r.get(c), r.get(high), r.get(count), unit=unit)
+            shown.append(name)
+        elif c not in {h for h, _, _ in spans.values()}:
+            shown.append(c)
+    return out, shown
+
+
+def _compared(pairs: list[str]) -> tuple[str, object, object]:
+    """`--compare FIELD=A FIELD=B` as (field, A, B): one scenario field, two different values."""
+    from ..store import _same
+
+    (field, a), (other, b) = parse_where(pairs, "--compare")  # argparse gave two
+    if field != other:
+        raise UsageError(f"--compare {' '.join(pairs)}: two values of one field, not {field} and {other}")
+    if field == "seed":
+        raise UsageError("--compare seed: runs are paired by seed; compare another scenario field")
+    if len(a) != 1 or len(b) != 1:
+        raise UsageError(f"--compare {' '.join(pairs)}: one value on each side, not a list")
+    if _same(a[0], b[0]):
+        raise UsageError(f"--compare {' '.join(pairs)}: the same value twice; give two different values of {field}")
+    return field, a[0], b[0]
+
+
+def _print_compare(rows: list[dict], field: str, a, b, fmt: str) -> int:
+    """`results --compare`: paired differences B - A per setting (robustbn.stats.compare)."""
+    import json
+
+    from ..labels import text, varying
+    from ..stats import COMPARED, PAIRED_WORDS, compare
+    from ..store import _same, export, strict_json
+
+    present = sorted({text(r.get(field)) for r in rows})
+    for side in (a, b):
+        if not any(_same(r.get(field), side) for r in rows):
+            raise UsageError(f"--compare {field}={text(side)}: no finished run matches; {field} takes "
+                             f"{', '.join(present) or 'no value'} in the runs (after --where)")
+    table, counts = compare(rows, field, a, b, _same)
+    head = {"field": field, "a": a, "b": b}
+    if fmt == "json":
+        print(json.dumps(strict_json([{**head, **t} for t in table]), indent=1, allow_nan=False))
+        return 0
+    if fmt == "csv":
+        fields = [k for k in dict.fromkeys(k for t in table for k in t) if k not in COMPARED]
+        print(export([{**head, **t} for t in table], "csv", ["field", "a", "b", *fields, *COMPARED]), end="")
+        return 0
+    print(f"paired by seed: B - A, A = {field}={text(a)} ({counts['a']} runs), B = {field}={text(b)} "
+          f"({counts['b']} runs); {PAIRED_WORDS}")
+    if not table:
+        print(f"no pairs: no run of A has a run of B with the same seed and every other field equal")
+    else:
+        columns = [*channel_columns(table, varying(table, set(COMPARED))), *COMPARED]
+        shown, columns = _intervals(table, columns, {"ci_low": ("ci_high", "95% CI", "pairs")})
+        print(text_table(shown, columns))
+        print(f"{len(table)} settings, {sum(t['pairs'] for t in table)} pairs; a_acc, b_acc: mean final accuracy "
+              "over the paired seeds (diverged runs count 0.0); verdict: B or A higher where the interval excludes 0, "
+              "else tied")
+    if counts["unpaired"]:
+        print(f"{counts['unpaired']} run{'s' * (counts['unpaired'] != 1)} had no partner (left out)")
+    return 0
+
+
+def _print_pooled(rows: list[dict], fmt: str) -> int:
+    """`results --pooled`: a row per group of runs differing only in seed (robustbn.stats.pooled)."""
+    from ..labels import varying
+    from ..stats import CLIPPED_WORDS, POOLED, pooled
+    from ..store import export
+
+    cells = pooled(rows)
+    if fmt != "table":
+        keys = sorted({k for c in cells for k in c} - set(POOLED))
+        print(export(cells, fmt, keys + list(POOLED)), end="")
+        return 0
+    columns = channel_columns(cells, varying(cells, set(POOLED)) if len(cells) > 1 else ["norm"])
+    shown, columns = _intervals(cells, columns + ["seeds", "mean_acc", "ci_low", "ci_high", "diverged"],
+                                {"ci_low": ("ci_high", "95% CI", "seeds")})
+    print(text_table(shown, columns))
+    print(f"{len(cells)} cells from {len(rows)} finished runs; mean_acc: mean final accuracy over seeds "
+          f"(diverged runs count 0.0); {CLIPPED_WORDS}")
+    return 0
+
+
+def _print_worst_case(rows: list[dict], fmt: str) -> int:
+    """`results --worst-case`: a row per setting, its worst accuracy over attacks (robustbn.worst)."""
+    import json
+
+    from ..stats import CLIPPED_WORDS
+    from ..store import export, strict_json
+    from ..worst import shown_columns, worst_case
+
+    table = worst_case(rows)
+    if fmt == "json":
+        print(json.dumps(strict_json(table), indent=1, allow_nan=False))
+    elif fmt == "csv":
+        print(export(table, "csv", list(dict.fromkeys(k for t in table for k in t)) or shown_columns([])), end="")
+    elif not table:
+        print("no finished runs match: no worst case to report (see `robustbn results`)")
+    else:
+        shown, columns = _intervals(table, shown_columns(table), {"ci_low": ("ci_high", "95% CI", "seeds"),
+                                                                  "gap_low": ("gap_high", "gap 95% CI", "gap_pairs")})
+        print(text_table(shown, columns))
+        notes = [f"{len(table)} settings from {len(rows)} finished runs; worst_acc: the lowest mean over seeds "
+                 f"among the attacks run, with its {CLIPPED_WORDS} of that attack",
+                 "verdict: per norm protocol (and f, gamma, ...), the defense with the highest worst_acc is best only "
+                 "where every other's gap (best - it, paired over seeds under each one's worst attack) has an "
+                 "interval excluding 0, else tied for best"]
+        if any(t["diverged"] for t in table):
+            notes.append("diverged: runs whose final accuracy is NaN or missing, counted as 0.0")
+        if any(t["worst_acc"] is None for t in table):
+            notes.append("no worst_acc: f > 0 but no attack was run in that setting")
+        print("\n".join(notes))
+    return 0
