@@ -7,7 +7,8 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from robustbn.flower import ClientBN, LabelFlipping
-from task import Net, load_partition, test, train
+
+from .task import Net, load_partition, test, train
 
 app = ClientApp()
 

@@ -1,0 +1,160 @@
+"""examples/flower as Flower users run it: `flwr run` on the Flower App (its pyproject's
+[tool.flwr.app]), in the Simulation Runtime and under the Deployment Runtime (a SuperLink and
+SuperNodes as real processes on loopback ports), through a connection in a Flower
+Configuration under a temporary FLWR_HOME. Two rounds of RobustStrategy with one node of
+three or four flipping its labels, on synthetic images; every process started is stopped,
+pass or fail."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr")
+
+APP = Path(__file__).resolve().parent.parent / "examples" / "flower"
+BIN = Path(sys.executable).parent  # flwr, flower-superlink, flower-supernode, flower-superexec
+SMALL = "num-server-rounds=2 byzantine=1 data-dir='' per-client=96 test-size=300 batch-size=32 round-timeout=120.0"
+
+
+def free_port() -> int:
+    with closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children() -> dict[int, list[int]]:
+    """Every process's children, from /proc."""
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+class Processes:
+    """The Flower processes a test starts, each in its own session; `stop` ends them and
+    every process they started (SuperExec, ServerApp, ClientApps: their own sessions too)."""
+
+    def __init__(self, home: Path):
+        self.home, self.started = home, []
+        self.env = {**os.environ, "FLWR_HOME": str(home), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                    "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1",
+                    "PYTHONPATH": ""}
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        log = open(self.home / f"{name}.log", "w")
+        process = subprocess.Popen([str(BIN / args[0]), *args[1:]], stdout=log, stderr=subprocess.STDOUT,
+                                   env=self.env, cwd=self.home, start_new_session=True)
+        log.close()
+        self.started.append(process)
+        return process
+
+    def stop(self) -> None:
+        tree, todo, everyone = _children(), [p.pid for p in self.started], []
+        while todo:
+            pid = todo.pop()
+            everyone.append(pid)
+            todo += tree.get(pid, [])
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in everyone:
+                try:
+                    os.killpg(os.getpgid(pid), sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and any(p.poll() is None for p in self.started):
+                time.sleep(0.1)
+        for p in self.started:
+            p.wait(timeout=5)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.home.glob("*.log")))
+
+
+@pytest.fixture
+def flower_home(tmp_path):
+    """FLWR_HOME for one test (a user's ~/.flwr is never read or written) and the processes it starts."""
+    processes = Processes(tmp_path)
+    try:
+        yield processes
+    finally:
+        processes.stop()
+
+
+def wait_for_superlink(port: int, processes: Processes, limit: float = 60.0) -> None:
+    import httpx
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if processes.started[0].poll() is not None:
+            pytest.fail(f"flower-superlink exited with {processes.started[0].returncode}\n{processes.logs()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).is_success:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    pytest.fail(f"flower-superlink did not answer on 127.0.0.1:{port} within {limit:.0f} s\n{processes.logs()}")
+
+
+def flwr_run(processes: Processes, port: int, run_config: str, *extra: str) -> list[dict]:
+    """`flwr run` of the example against the SuperLink on `port`, named in the Flower
+    Configuration; the ServerApp's per-round results."""
+    (processes.home / "config.toml").write_text(
+        f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+    result = processes.home / "result.json"
+    run = subprocess.run([str(BIN / "flwr"), "run", str(APP), "test", "--stream", "--run-config",
+                          f"{SMALL} {run_config} result-file='{result}'", *extra],
+                         env=processes.env, cwd=processes.home, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and result.exists(), f"{run.stdout[-4000:]}\n{run.stderr[-4000:]}\n{processes.logs()}"
+    return json.loads(result.read_text())["rounds"]
+
+
+def check_rounds(rounds: list[dict]) -> None:
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert all(math.isfinite(r["accuracy"]) and 0 <= r["accuracy"] <= 1 for r in rounds)
+    assert rounds[-1]["accuracy"] > 0.3  # chance is 0.1: the global model learned under label flipping
+
+
+@pytest.mark.slow
+def test_flwr_run_in_the_simulation_runtime(flower_home):
+    """What `flwr run .` does with the default local connection (flwr 1.42 starts a SuperLink in
+    simulation mode), with the SuperLink started here on a free port."""
+    port = free_port()
+    flower_home.start("superlink", "flower-superlink", "--insecure", "--simulation",
+                      "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port))
+    wait_for_superlink(port, flower_home)
+    rounds = flwr_run(flower_home, port, "num-clients=4 fraction-evaluate=0.0",
+                      "--federation-config", "num-supernodes=4 client-resources-num-cpus=1")
+    check_rounds(rounds)
+
+
+@pytest.mark.slow
+def test_flwr_run_against_a_superlink_with_three_supernodes(flower_home):
+    """The Deployment Runtime on localhost: flower-superlink --insecure, three flower-supernode
+    --insecure --node-config "partition-id=I num-partitions=3", then flwr run."""
+    port = free_port()
+    flower_home.start("superlink", "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
+                      "--host", "127.0.0.1", "--port", str(port))
+    wait_for_superlink(port, flower_home)
+    for i in range(3):
+        flower_home.start(f"supernode{i}", "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
+                          "--host", "127.0.0.1", "--port", str(free_port()),
+                          "--node-config", f"partition-id={i} num-partitions=3")
+    rounds = flwr_run(flower_home, port, "num-clients=3 fraction-evaluate=0.0")
+    check_rounds(rounds)
+    assert all(p.poll() is None for p in flower_home.started)  # the SuperLink and SuperNodes still serve
