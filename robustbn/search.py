@@ -19,7 +19,7 @@ is the trial's mean over its seeds of the final test accuracy (the last evaluati
 `rounds`: what the worst-case table and every result view read; a diverged run counts 0.0).
 
 A search reports the worst of what it tried. Accuracy before the last evaluation does not
-bound the final one under attack (over the store's 832 attacked 150-round runs, the final fell
+bound the final one under attack (over the store's 623 attacked 150-round runs, the final fell
 up to 0.41 below the accuracy at half the rounds, 0.33 at five sixths), so no run is stopped on
 its curve by default. A trial stops early only when a lower bound of its objective exceeds the
 worst objective found so far: the seeds already run plus 0 for the others (exact), and, with
@@ -608,7 +608,6 @@ def search(values: dict[str, Any], space: Space, store: Store, source: str = "",
         store.release(owner)
         restore()
         clear_stop()
-    log(summary(outcome))
     return outcome
 
 
@@ -723,3 +722,31 @@ def summary(outcome: Outcome) -> str:
             f"{n - outcome.count('pruned') - outcome.count('failed')} finished, {outcome.count('pruned')} stopped "
             f"early (could not end below the worst), {outcome.count('failed')} failed")
     return line + (f"; {outcome.stopped}" if outcome.stopped else "")
+
+
+TABLE_COLUMNS = ["trial", "attack", "status", "final_acc", "bound", "seeds", "rounds_done", "run", "hash"]
+
+
+def table_rows(outcome: Outcome) -> list[dict[str, Any]]:
+    """The trials as `attack-search` prints them: finished ones from the worst, then those
+    stopped early, then the failed; final_acc is the objective, `seeds` each seed's final."""
+    from .labels import attack_words
+
+    order = {"done": 0, "diverged": 0, "pruned": 1, "failed": 2}
+    trials = sorted(outcome.trials, key=lambda t: (order[t.status], t.final_acc or t.bound or 0.0, t.number))
+    return [{"trial": t.number, "attack": attack_words(t.scenario), "status": t.status, "final_acc": t.final_acc,
+             "bound": t.bound, "seeds": ", ".join(f"{r.seed}: " + ("-" if r.final_acc is None else f"{r.final_acc:.4f}")
+                                                  for r in t.runs),
+             "rounds_done": t.rounds_done, "run": "here" if t.ran else "in the store", "hash": t.hash} for t in trials]
+
+
+def worst_line(outcome: Outcome) -> str:
+    from .labels import attack_words
+
+    w = outcome.worst
+    if w is None:
+        return "worst attack found: none (no trial finished)"
+    seeds = ", ".join(str(r.seed) for r in w.runs)
+    return (f"worst attack found: {attack_words(w.scenario)}: final accuracy {w.final_acc:.4f} "
+            f"({'mean over seeds ' + seeds if len(w.runs) > 1 else 'seed ' + seeds}; trial {w.number}, "
+            f"run{'s' * (len(w.runs) > 1)} {', '.join(r.hash for r in w.runs)})")

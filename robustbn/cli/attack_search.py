@@ -16,14 +16,17 @@ def register(sub) -> None:
                                    "filter, ...) and a [search] table: trials, seed (the sampler's), and per searched "
                                    "channel (grad, bn_mean, bn_var) `attacks = [...]` with ranges of their parameters, "
                                    "[search.CHANNEL.ATTACK] PARAM = [low, high], [low, high, \"log\"], a list of "
-                                   "names or one value. Optuna's TPE sampler proposes attacks; the search minimizes "
-                                   "the final test accuracy (diverged: 0.0); a successive-halving pruner stops a run "
-                                   "whose accuracy at eval_every x 3^k rounds is not among the lowest third of the "
-                                   "trials there (status `pruned`, never a finished run). Every trial is a run in "
-                                   "--db (results --worst-case counts it); the same command again reads finished "
-                                   "and pruned trials back and resumes an interrupted one, and a larger --trials "
-                                   "continues a search. A fixed seed gives the same search. Exit 1: a trial's run "
-                                   "failed.",
+                                   "names or one value; seeds = [...] (every trial runs on each; default the "
+                                   "scenario's seed). Optuna's TPE sampler proposes attacks; the search minimizes the "
+                                   "trial's mean over its seeds of the final test accuracy (the last evaluation; "
+                                   "diverged: 0.0). Trials are distinct attacks: a proposal equal to a tried one is a "
+                                   "repeat, counted apart. No run stops on its accuracy curve unless prune_margin < 1; "
+                                   "a trial stops early (status `pruned`, kept with its bound, never a finished run) "
+                                   "only when its seeds run already put its objective above the worst found. Every "
+                                   "seed of a trial is a run in --db (results --worst-case counts it); the same command "
+                                   "again reads finished and stopped runs back and resumes an interrupted one, and a "
+                                   "larger --trials continues a search. A fixed seed gives the same search. Exit 1: a "
+                                   "trial's run failed.",
                        epilog="examples:\n  robustbn attack-search scenarios/search_fbn_nnm_trmean.toml "
                               "--db results/search.sqlite\n"
                               "  robustbn attack-search my_search.toml --trials 10 --format json\n"
@@ -31,7 +34,7 @@ def register(sub) -> None:
     p.add_argument("file")
     p.add_argument("--trials", type=int, default=None, help="trials in all (default: [search] trials)")
     p.add_argument("--db", default=DEFAULT_DB, help=f"results store (default {DEFAULT_DB})")
-    p.add_argument("--jobs", type=int, default=1, help="1 only: trials run one after another (a trial's pruning "
+    p.add_argument("--jobs", type=int, default=1, help="1 only: trials run one after another (a trial's bound "
                                                        "reads the trials before it)")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -49,12 +52,11 @@ def cmd_attack_search(args) -> int:
     import json
 
     from ..checkpoint import Interrupted, checkpoint_dir
-    from ..labels import attack_words
-    from ..search import load, search
+    from ..search import TABLE_COLUMNS, load, search, summary, table_rows, worst_line
     from ..store import Store, strict_json
 
     if args.jobs != 1:
-        raise UsageError(f"--jobs {args.jobs}: attack-search runs one trial at a time (a trial's pruning reads the "
+        raise UsageError(f"--jobs {args.jobs}: attack-search runs one trial at a time (a trial's bound reads the "
                          f"trials before it): --jobs 1; run several searches at once to use more cores")
     if args.trials is not None and args.trials < 1:
         raise UsageError(f"--trials must be >= 1, got {args.trials}")
@@ -76,19 +78,10 @@ def cmd_attack_search(args) -> int:
         return code
     failed = outcome.count("failed")
     if args.format == "json":
+        print(summary(outcome), file=sys.stderr)
         print(json.dumps(strict_json(outcome.as_json()), indent=1, allow_nan=False))
         return 1 if failed else 0
-    order = {"done": 0, "diverged": 0, "pruned": 1, "failed": 2}
-    trials = sorted(outcome.trials, key=lambda t: (order[t.status], t.final_acc or 0.0, t.number))
-    rows = [{"trial": t.number, "attack": attack_words(t.scenario), "status": t.status, "final_acc": t.final_acc,
-             "rounds_done": t.rounds_done, "run": "here" if t.ran else "in the store", "hash": t.hash} for t in trials]
-    print(text_table(rows, ["trial", "attack", "status", "final_acc", "rounds_done", "run", "hash"]))
-    worst = outcome.worst
-    print(f"{len(outcome.trials)} trials: {len(outcome.trials) - outcome.count('pruned') - failed} finished, "
-          f"{outcome.count('pruned')} pruned, {failed} failed; results in {args.db}")
-    if worst is None:
-        print("worst attack found: none (no trial finished)")
-    else:
-        print(f"worst attack found: {attack_words(worst.scenario)}: final accuracy {worst.final_acc:.4f} "
-              f"(trial {worst.number}, run {worst.hash})")
+    print(text_table(table_rows(outcome), TABLE_COLUMNS))
+    print(f"{summary(outcome)}; results in {args.db}")
+    print(worst_line(outcome))
     return 1 if failed else 0
