@@ -2,6 +2,8 @@
 # Set up (create or reuse .venv, install the project when pyproject.toml changed), then run:
 #   ./dev.sh demo [ARGS]   the main job: robustbn demo
 #   ./dev.sh test [ARGS]   the whole test suite (HYPOTHESIS_PROFILE=ci for >= 500 examples a property)
+#   ./dev.sh docs          docs/results.md's tables and verdicts and docs/report/ from docs/results.csv
+#   ./dev.sh docs --check  exit non-zero where docs/results.md is not what docs/results.csv gives
 #   ./dev.sh setup         only set up
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -26,26 +28,40 @@ setup() {
   fi
 }
 
-# Fashion-MNIST, the offline default dataset: Debian's package where apt-get is usable;
-# elsewhere torchvision downloads it on first use.
-fashion_mnist() {
-  [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && return 0
+# Debian packages the tests use, where apt-get is usable (root or passwordless sudo):
+# dataset-fashion-mnist (the offline default dataset; elsewhere torchvision downloads it) and
+# chromium (the report page's browser test; elsewhere that test is skipped, saying why).
+apt_install() {  # PACKAGE WHAT
   command -v apt-get >/dev/null 2>&1 || return 0
   local sudo=""
   if [ "$(id -u)" != 0 ]; then
     sudo -n true 2>/dev/null || return 0
     sudo="sudo -n"
   fi
-  echo "dev.sh: installing Debian's dataset-fashion-mnist" >&2
-  { $sudo apt-get update -qq && $sudo apt-get install -y -qq dataset-fashion-mnist; } >/dev/null 2>&1 \
-    || echo "dev.sh: apt-get could not install dataset-fashion-mnist; torchvision will download it" >&2
+  echo "dev.sh: installing Debian's $1" >&2
+  { $sudo apt-get update -qq && $sudo apt-get install -y -qq "$1"; } >/dev/null 2>&1 \
+    || echo "dev.sh: apt-get could not install $1; $2" >&2
+}
+fashion_mnist() {
+  [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && return 0
+  apt_install dataset-fashion-mnist "torchvision will download it"
+}
+browser() {
+  command -v chromium >/dev/null 2>&1 && return 0
+  apt_install chromium "the browser test of the report page will be skipped"
 }
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
-  setup) setup test,ray,flower; fashion_mnist ;;
+  setup) setup test,ray,flower; fashion_mnist; browser ;;
   demo) setup test; fashion_mnist; exec "$VENV/bin/robustbn" demo "$@" ;;
-  test) setup test,ray,flower; fashion_mnist; exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" ;;
-  *) echo "usage: ./dev.sh {demo|test|setup} [ARGS]" >&2; exit 2 ;;
+  test) setup test,ray,flower; fashion_mnist; browser; exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" ;;
+  docs)
+    setup test,ray,flower
+    if [ "${1:-}" = --check ]; then exec "$VENV/bin/python" docs/tables.py --cog --check; fi
+    [ $# -eq 0 ] || { echo "usage: ./dev.sh docs [--check]" >&2; exit 2; }
+    "$VENV/bin/python" docs/tables.py --cog
+    exec "$VENV/bin/python" docs/tables.py --page docs/report ;;
+  *) echo "usage: ./dev.sh {demo|test|docs|setup} [ARGS]" >&2; exit 2 ;;
 esac

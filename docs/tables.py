@@ -1,54 +1,72 @@
-"""Markdown tables of final accuracies for docs/results.md, from results stores or their CSV
-exports (`robustbn results --format csv`), pooled; a run in several sources counts once. A cell
-is "mean [low, high] (n seeds)": the mean over seeds and its 95% confidence interval (Student t
-over seeds, clipped to [0, 100]: robustbn.stats), "mean (1 seed)" where one seed ran (no
-interval).
+"""Every table, number and verdict of docs/results.md, from the runs of docs/results.csv (or a
+store): the cog blocks of results.md call the functions below (`./dev.sh docs` runs cog; `./dev.sh
+docs --check` fails where the file differs from what the runs give).
+
+A cell is "mean [low, high] (n seeds)": the mean over seeds of the final test accuracy (%) and its
+95% interval (Student t over seeds, clipped to [0, 100]: robustbn.stats), "mean (1 seed)" where
+one seed ran. A comparison of B against A pairs the seeds both ran: "B - A = +x [low, high] (n
+pairs)" and a verdict: "higher" or "lower" where the paired interval excludes 0, "tied" where it
+does not, and "n seeds, no verdict" below `MIN_SEEDS` pairs, whatever the interval.
 Each table says which BN message the attack touched: the mean only (seed 002's attack; the
 variance messages `honest`), both statistics alike (`bn_attack`), or the variance only.
 
-    python docs/tables.py results/paper.sqlite
-    python docs/tables.py docs/results.csv
+    python docs/tables.py                      # every section, from docs/results.csv
+    python docs/tables.py results/paper.sqlite # from a store
+    ROBUSTBN_DOCS_RUNS=results/paper.sqlite ./dev.sh docs
 """
 
+from __future__ import annotations
+
 import json
+import math
+import os
 import sys
+import tempfile
 from collections import defaultdict
+from functools import cache
 from pathlib import Path
 
-from robustbn.channels import NOT_ATTACKS, expand_channels
-from robustbn.stats import Estimate, by_seed, ci_text, seeds_interval
-from robustbn.matrix import FIELDS, runs_of
+from robustbn.channels import NOT_ATTACKS
+from robustbn.labels import attack_short, attack_words, setting_defense_words
+from robustbn.stats import Estimate, by_seed, ci_text, distinct, paired, seeds_interval
 from robustbn.store import FINISHED, Store, read_export
 
 ROOT = Path(__file__).resolve().parent.parent
+SOURCE = os.environ.get("ROBUSTBN_DOCS_RUNS", str(ROOT / "docs" / "results.csv"))
+SOURCE_NAME = os.path.relpath(SOURCE, ROOT) if os.path.isabs(SOURCE) else SOURCE
+MIN_SEEDS = 5  # a comparison on fewer paired seeds gets no verdict
 CELLS = "mean [95% CI, Student t over seeds, clipped to [0, 100]] (seeds); 1 seed: no interval"
+WORST_CASE_MATRIX = "scenarios/worst_case_fmnist.toml"
+SEARCHED = ("fbn_nnm_trmean", "fbn_dnc", "naive_dnc")
 
 
-def interval_cell(e: Estimate) -> str:
-    """ "75.3 [62.7, 87.9] (2 seeds)", "76.3 (1 seed)", "-" for none."""
-    if not e.n:
-        return "-"
-    ci = f" {ci_text(e.low, e.high, e.n, scale=100, digits=1)}" if e.has_interval else ""
-    return f"{100 * e.mean:.1f}{ci} ({e.n} seed{'s' * (e.n != 1)})"
+# ---- the runs -------------------------------------------------------------------------------
+
+def load(path: str) -> list[dict]:
+    """The finished runs (done, and diverged: they count as 0.0) of a store or a CSV export,
+    as `Store.rows()` gives them (a CSV is imported into a temporary store first)."""
+    if not path.endswith(".csv"):
+        with Store(path, readonly=True) as store:
+            return store.rows(status=FINISHED)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "runs.sqlite")
+        try:
+            store.add([read_export(path)])
+            return store.rows(status=FINISHED)
+        finally:
+            store.close()
 
 
-def cell(runs):
-    return interval_cell(seeds_interval(runs))
+@cache
+def rows() -> tuple[dict, ...]:
+    return tuple(load(SOURCE))
 
 
-def pivot(rows, row_key, col_key, title):
-    table = defaultdict(list)
-    for r in rows:
-        table[row_key(r), col_key(r)].append(r)
-    if not table:
-        return
-    rows_ = sorted({k[0] for k in table}, key=str)
-    cols = sorted({k[1] for k in table}, key=str)
-    print(f"\n{title}; cells: {CELLS}\n")
-    print("| | " + " | ".join(map(str, cols)) + " |")
-    print("|---|" + "---|" * len(cols))
-    for r in rows_:
-        print(f"| {r} | " + " | ".join(cell(table[r, c]) for c in cols) + " |")
+def sel(pred=lambda r: True, **eq) -> list[dict]:
+    """The runs where `pred` holds and every field equals its value (numbers as floats)."""
+    def same(a, b):
+        return a == b or (isinstance(a, (int, float)) and isinstance(b, (int, float)) and float(a) == float(b))
+    return [r for r in rows() if pred(r) and all(same(r.get(k), v) for k, v in eq.items())]
 
 
 def cpu_schedule(r) -> bool:
@@ -70,6 +88,60 @@ def touched(r) -> str:
     return "both" if (mean, r["bn_mean_attack_params"]) == (var, r["bn_var_attack_params"]) else "other"
 
 
+# ---- cells, comparisons ---------------------------------------------------------------------
+
+def interval_cell(e: Estimate) -> str:
+    """ "75.3 [62.7, 87.9] (2 seeds)", "76.3 (1 seed)", "-" for none."""
+    if not e.n:
+        return "-"
+    ci = f" {ci_text(e.low, e.high, e.n, scale=100, digits=1)}" if e.has_interval else ""
+    return f"{100 * e.mean:.1f}{ci} ({e.n} seed{'s' * (e.n != 1)})"
+
+
+def cell(runs) -> str:
+    return interval_cell(seeds_interval(runs))
+
+
+def verdict(d: Estimate, higher: str = "higher", lower: str = "lower") -> str:
+    """The word a paired difference supports: `higher`, `lower`, "tied", or "n seeds, no verdict"."""
+    if d.n < MIN_SEEDS:
+        return f"{d.n} seed{'s' * (d.n != 1)}, no verdict"
+    return (higher if d.low > 0 else lower) if distinct(d) else "tied"
+
+
+def diff(b_runs, a_runs, higher="higher", lower="lower") -> str:
+    """B - A paired over seeds, in points: "+1.5 [1.4, 1.6] (2 pairs; 2 seeds, no verdict)"."""
+    d = paired(by_seed(a_runs), by_seed(b_runs))
+    if not d.n:
+        return "no seed in common"
+    ci = ci_text(d.low, d.high, d.n, scale=100, digits=1, unit="pair")
+    ci = f" {ci}" if d.has_interval else ""
+    return f"{100 * d.mean:+.1f}{ci} ({d.n} pair{'s' * (d.n != 1)}; {verdict(d, higher, lower)})"
+
+
+def compare(what: str, b_runs, a_runs, higher="higher", lower="lower") -> None:
+    """One generated line: "- what: cell B against cell A; B - A = ... (verdict)"."""
+    print(f"- {what}: {cell(b_runs)} against {cell(a_runs)}; difference {diff(b_runs, a_runs, higher, lower)}")
+
+
+def pivot(runs, row_key, col_key, title=None) -> None:
+    table = defaultdict(list)
+    for r in runs:
+        table[row_key(r), col_key(r)].append(r)
+    if not table:
+        print("\n(no runs)\n")
+        return
+    rows_ = sorted({k[0] for k in table}, key=str)
+    cols = sorted({k[1] for k in table}, key=str)
+    if title:
+        print(f"\n{title}; cells: {CELLS}\n")
+    print("| | " + " | ".join(map(str, cols)) + " |")
+    print("|---|" + "---|" * len(cols))
+    for r in rows_:
+        print(f"| {r} | " + " | ".join(cell(table[r, c]) for c in cols) + " |")
+    print()
+
+
 def attack_cell(r, channel) -> str:
     """'no attack (10 honest)', 'no attack (7 honest)' or 'attack / defense' of one BN channel."""
     if r["f"] == 0:
@@ -80,163 +152,446 @@ def attack_cell(r, channel) -> str:
     return f"{attack}{json.dumps(params) if params else ''} / {r[f'{channel}_agg']}"
 
 
-def finished_rows(path: str) -> list[dict]:
-    """The finished runs (done, and diverged: they count as 0.0) of a store or a CSV export."""
-    if path.endswith(".csv"):
-        rows = []
-        for run in read_export(path):
-            if run["status"] not in FINISHED:
-                continue
-            history = json.loads(run["history"] or "[]")
-            rows.append({**expand_channels(json.loads(run["scenario"])), "hash": run["hash"], "history": history,
-                         "status": run["status"], "final_acc": history[-1]["test_acc"] if history else None,
-                         "wall_time_s": run["wall_time_s"]})
-        return rows
-    with Store(path, readonly=True) as store:
-        return store.rows(status=FINISHED)
+# ---- the leaderboard and the worst case ------------------------------------------------------
+
+@cache
+def matrix_runs(files: tuple[str, ...]) -> tuple[dict, ...]:
+    from robustbn.report import read_rows
+
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the files' paths as the page and the tables print them: relative to the repository
+    try:
+        return tuple(read_rows(list(rows()), list(files)))
+    finally:
+        os.chdir(cwd)
 
 
-WORST_CASE_MATRIX = ROOT / "scenarios" / "worst_case_fmnist.toml"
-# the worst attack each attack search found (docs/search_<cell>.json), rerun on seeds 0-4
-SEARCHED = ("fbn_nnm_trmean", "fbn_dnc", "naive_dnc")
-MATRIX_SEEDS = range(5)
+def board_files() -> tuple[str, ...]:
+    from robustbn.report import default_matrices
+
+    return tuple(default_matrices(ROOT))
 
 
-def worst_case_tables(rows):
-    """Per gamma: defense x norm protocol, each cell the worst case (robustbn.worst) over every
-    attack, then over the attacks on the statistics alone (gradients sent honestly)."""
+def leaderboard() -> None:
+    from robustbn.report import leaderboard as board, markdown
+
+    print(markdown(board(list(matrix_runs(board_files())))))
+
+
+def worst_case_tables(gammas=(0.0, 1.0)) -> None:
+    """Per gamma: defense x norm protocol, each cell the worst case (robustbn.worst) over the
+    catalogue's attacks and the confirmed searched ones, at every seed they ran."""
+    from robustbn.worst import BEST, SEARCHED as FOUND, TIED, worst_case
+
+    runs = list(matrix_runs(board_files()))
+    for gamma in gammas:
+        table = [t for t in worst_case([r for r in runs if r["gamma"] == gamma]) if t["f"]]
+        norms = list(dict.fromkeys(t["norm"] for t in table))
+        defenses = sorted({t["defense"] for t in table})
+        print(f"\n**Worst case, gamma = {gamma}: final test accuracy (%) under the worst attack (the catalogue's "
+              f"or a searched one, marked *), mean [95% CI, Student t over seeds, clipped to [0, 100]] (that "
+              f"attack, seeds); bold: the best defense of its protocol, every other worse paired over seeds; "
+              f"italic: tied for best**\n")
+        print("| defense | " + " | ".join(norms) + " |")
+        print("|---|" + "---|" * len(norms))
+        for defense in defenses:
+            cells = []
+            for norm in norms:
+                t = next((t for t in table if t["defense"] == defense and t["norm"] == norm), None)
+                if t is None or t["worst_acc"] is None:
+                    cells.append("-")
+                    continue
+                e = Estimate(t["seeds"], t["worst_acc"], t["ci_low"], t["ci_high"], t["worst_std"])
+                mark = "*" if t["worst_kind"] == FOUND else ""
+                text = interval_cell(e).replace(" (", f" ({t['worst_short']}{mark}, ", 1)
+                cells.append({BEST: f"**{text}**", TIED: f"*{text}*"}.get(t["verdict"], text))
+            print(f"| {defense} | " + " | ".join(cells) + " |")
+        print()
+
+
+def worst_case_verdicts(gamma=0.0) -> None:
+    """The verdicts of the worst-case table in words: per protocol the defenses worse than its
+    best (with the paired gap), and the attack that decides each cell."""
+    from robustbn.labels import norm_words
+    from robustbn.worst import WORSE, worst_case
+
+    table = [t for t in worst_case([r for r in matrix_runs(board_files()) if r["gamma"] == gamma]) if t["f"]]
+    for norm in dict.fromkeys(t["norm"] for t in table):
+        group = [t for t in table if t["norm"] == norm and t["worst_acc"] is not None]
+        best = max(group, key=lambda t: t["worst_acc"])
+        worse = [t for t in group if t["verdict"] == WORSE]
+        text = "; ".join(f"{t['defense']} ({100 * t['worst_acc']:.1f}, gap "
+                         f"{100 * t['gap']:.1f} {ci_text(t['gap_low'], t['gap_high'], t['gap_pairs'], 100, 1, 'pair')}"
+                         f", {t['gap_pairs']} pairs)" for t in worse)
+        print(f"- {norm_words(norm)}: highest worst case {best['defense']} ({100 * best['worst_acc']:.1f}, "
+              f"{best['verdict']}); worse than it, paired over seeds: {text or 'none'}.")
+    grads = sum(1 for t in table if t["worst_grad_attack"] not in NOT_ATTACKS)
+    mixed = sum(1 for t in table if t["worst_grad_attack"] not in NOT_ATTACKS
+                and t["worst_bn_mean_attack"] not in NOT_ATTACKS)
+    print(f"- The worst attack touches the gradients in {grads} of {len(table)} cells ({mixed} of them the BN means "
+          f"too); in the other {len(table) - grads} it touches the BN statistics alone.")
+
+
+def statistics_attacks_table(gamma=0.0) -> None:
+    """The worst case over the attacks on the BN statistics alone (gradients honest)."""
     from robustbn.worst import BEST, TIED, worst_case
 
-    for title, subset in (("every attack", rows),
-                          ("the attacks on the BN statistics (gradients honest)",
-                           [r for r in rows if r["grad_attack"] in NOT_ATTACKS])):
-        for gamma in sorted({r["gamma"] for r in subset}):
-            table = worst_case([r for r in subset if r["gamma"] == gamma])
-            norms = list(dict.fromkeys(t["norm"] for t in table))
-            expected = {norm: max(t["attacks"] for t in table if t["norm"] == norm) for norm in norms}
-            defenses = sorted({t["defense"] for t in table})
-            print(f"\n**Worst case over {title}, gamma = {gamma}: final test accuracy (%) under the worst attack, "
-                  f"mean [95% CI, Student t over seeds, clipped to [0, 100]] (that attack, seeds); bold: the best "
-                  f"defense of its norm protocol, every other worse paired over seeds; italic: tied for best (the "
-                  f"paired interval of the difference includes 0)**\n")
-            print("| defense | " + " | ".join(norms) + " |")
-            print("|---|" + "---|" * len(norms))
-            for defense in defenses:
-                cells = []
-                for norm in norms:
-                    t = next((t for t in table if t["defense"] == defense and t["norm"] == norm), None)
-                    if t is None or t["worst_acc"] is None:
-                        cells.append("-")
-                        continue
-                    if t["attacks"] < expected[norm]:  # a worst case over part of the attacks is no worst case
-                        cells.append(f"({t['attacks']} of {expected[norm]} attacks run)")
-                        continue
-                    e = Estimate(t["seeds"], t["worst_acc"], t["ci_low"], t["ci_high"], t["worst_std"])
-                    text = interval_cell(e).replace(" (", f" ({t['worst_short']}, ", 1)
-                    cells.append({BEST: f"**{text}**", TIED: f"*{text}*"}.get(t["verdict"], text))
-                print(f"| {defense} | " + " | ".join(cells) + " |")
+    runs = [r for r in matrix_runs((WORST_CASE_MATRIX,)) if r["gamma"] == gamma and r["grad_attack"] in NOT_ATTACKS
+            and r["seed"] in range(5)]
+    table = [t for t in worst_case(runs) if t["f"] and t["worst_acc"] is not None]
+    norms = list(dict.fromkeys(t["norm"] for t in table))
+    print("| defense | " + " | ".join(norms) + " |")
+    print("|---|" + "---|" * len(norms))
+    for defense in sorted({t["defense"] for t in table}):
+        cells = []
+        for norm in norms:
+            t = next((t for t in table if t["defense"] == defense and t["norm"] == norm), None)
+            if t is None:
+                cells.append("-")
+                continue
+            text = interval_cell(Estimate(t["seeds"], t["worst_acc"], t["ci_low"], t["ci_high"], t["worst_std"]))
+            text = text.replace(" (", f" ({t['worst_short']}, ", 1)
+            cells.append({BEST: f"**{text}**", TIED: f"*{text}*"}.get(t["verdict"], text))
+        print(f"| {defense} | " + " | ".join(cells) + " |")
+    print()
 
 
-def worst_case_attacks(rows):
-    """Every attack of the worst-case matrix side by side, per gamma: rows norm and defense."""
-    from robustbn.labels import attack_short, setting_defense_words
+def bn_aware_against_sf(gamma=0.0) -> None:
+    """bn-kl (means and variances) against SF (means) per cell of the matrix, paired over seeds."""
+    from robustbn.labels import group
 
-    for gamma in sorted({r["gamma"] for r in rows}):
-        pivot([r for r in rows if r["gamma"] == gamma], lambda r: f"{r['norm']}, {setting_defense_words(r)}", attack_short,
-              f"**Each attack of the worst-case matrix, gamma = {gamma}: final test accuracy (%)**")
+    runs = [r for r in matrix_runs((WORST_CASE_MATRIX,)) if r["gamma"] == gamma and r["grad_attack"] in NOT_ATTACKS
+            and r["seed"] in range(5)]
+    cells = group(runs, ["norm", "grad_agg", "bn_mean_agg", "client_filter"])
+    lower = higher = tied = 0
+    spans = []
+    for runs_ in cells.values():
+        kl = [r for r in runs_ if r["bn_mean_attack"] == "bn-kl"]
+        sf = [r for r in runs_ if r["bn_mean_attack"] == "sf"]
+        if not kl or not sf:
+            continue
+        d = paired(by_seed(sf), by_seed(kl))
+        word = verdict(d)
+        lower += word == "lower"
+        higher += word == "higher"
+        tied += word not in ("lower", "higher")
+        spans.append(abs(d.mean))
+    print(f"- bn-kl on both BN messages against SF on the means, per (protocol, defense) cell, paired over "
+          f"seeds: bn-kl lower in {lower}, higher in {higher}, no verdict or tied in {tied} of {lower + higher + tied} "
+          f"cells; the mean differences are at most {100 * max(spans):.1f} points.")
 
 
-def searched_worst(rows, matrix):
-    """Per searched cell: the catalogue's worst attack (the one of lowest mean over the matrix's
-    seeds 0-4) against the attack the search found (its trial on seed 0), both run on seeds
-    0-9, paired seed by seed. The verdict stands on seeds 1-9, which the search never saw (the
-    seed it was tuned on flatters the searched attack; seeds 1-4 chose the catalogue's worst,
-    which biases the catalogue's side low); seeds 5-9 chose neither."""
-    from robustbn.labels import attack_words, hashable, setting_defense_words
-    from robustbn.stats import distinct, paired
+def attacks_table(gamma) -> None:
+    """Every catalogue attack of the worst-case matrix side by side (seeds 0-4)."""
+    runs = [r for r in matrix_runs((WORST_CASE_MATRIX,)) if r["gamma"] == gamma and r["seed"] in range(5)]
+    pivot(runs, lambda r: f"{r['norm']}, {setting_defense_words(r)}", attack_short)
+
+
+def searched_against_catalogue() -> None:
+    """Per searched cell: the catalogue's worst attack against the searched one, both on seeds
+    0-9, paired; the verdict from seeds 1-9, which the search never saw."""
+    from robustbn.labels import hashable
+    from robustbn.matrix import FIELDS
     from robustbn.worst import ATTACK_FIELDS, ATTACK_KEYS, NOT_SETTING, worst_case
 
     setting = lambda r: json.dumps({k: v for k, v in r.items() if k in FIELDS and k not in ATTACK_KEYS
                                     and k not in NOT_SETTING}, sort_keys=True, default=str)
     same_attack = lambda r, t: all(hashable(r[k]) == hashable(t[f"worst_{k}"]) for k in ATTACK_FIELDS)
-    every_seed = runs_of(WORST_CASE_MATRIX, rows)
-    print("\n**Catalogue worst case against the searched attack, gamma = 0.0: final test accuracy (%), mean "
-          "[95% CI, Student t over seeds, clipped to [0, 100]] (seeds); the difference searched - catalogue paired "
-          "over seeds, [95% CI] (pairs); the verdict from seeds 1-9, which the search never saw (it was tuned on "
-          "seed 0); seeds 5-9 chose neither attack**\n")
+    every_seed = list(matrix_runs((WORST_CASE_MATRIX,)))
     print("| defense | catalogue worst (attack) | searched attack | searched - catalogue, seeds 1-9 | "
-          "searched - catalogue, seeds 5-9 | verdict (seeds 1-9) |")
-    print("|---|---|---|---|---|---|")
+          "searched - catalogue, seeds 5-9 |")
+    print("|---|---|---|---|---|")
     for name in SEARCHED:
-        searched = runs_of(ROOT / "scenarios" / f"searched_worst_{name}.toml", rows)
+        searched = list(matrix_runs((f"scenarios/searched_worst_{name}.toml",)))
         if not searched:
             continue
-        table = worst_case([r for r in matrix if setting(r) == setting(searched[0])])
-        if not table:  # the matrix's runs of this defense are not in the store
+        table = worst_case([r for r in every_seed if setting(r) == setting(searched[0]) and r["seed"] in range(5)])
+        if not table:
             continue
         (t,) = table
         worst = [r for r in every_seed if setting(r) == setting(searched[0]) and same_attack(r, t)]
-        catalogue, found = by_seed(worst), by_seed(searched)
-        held_out = paired({s: a for s, a in catalogue.items() if s != 0}, found)
-        fresh = paired({s: a for s, a in catalogue.items() if s >= 5}, found)
-        diff = lambda e: f"{100 * e.mean:+.1f} {ci_text(e.low, e.high, e.n, scale=100, digits=1)} ({e.n} pairs)"
-        verdict = ("tied" if not distinct(held_out) else "searched worse" if held_out.high < 0
-                   else "searched better")
+        held_out = diff(searched, [r for r in worst if r["seed"] != 0], "searched higher", "searched lower")
+        fresh = diff(searched, [r for r in worst if r["seed"] >= 5], "searched higher", "searched lower")
         cat = cell(worst).replace(" (", f" ({t['worst_short']}, ", 1)
         print(f"| {searched[0]['norm']}, {setting_defense_words(searched[0])} | {cat} | {cell(searched)}: "
-              f"{attack_words(searched[0])} | {diff(held_out)} | {diff(fresh)} | {verdict} |")
+              f"{attack_words(searched[0])} | {held_out} | {fresh} |")
+    print()
 
 
-def main(paths):
-    rows = list({r["hash"]: r for path in paths for r in finished_rows(path)}.values())
-    fig3 = [r for r in rows if cpu_schedule(r) and r["f"] == 0 and r["bn_agg"] == "mean"]
-    pivot(fig3, lambda r: r["norm"], lambda r: f"gamma = {r['gamma']}",
-          "Figure 3 (Fashion-MNIST): final test accuracy (%), no attack")
-    fig4 = [r for r in rows if cpu_schedule(r) and r["norm"] in ("naive", "fbn", "fedtan") and r["gamma"] in (0.0, 0.01)
-            and r["grad_attack"] == "none" and (r["f"] == 3 or (r["f"] == 0 and r["bn_agg"] == "mean"))]
-    for kind, channel, title in (
-            ("mean", "bn_mean", "Figure 4 and C.3, the paper's attack: f = 3 of 10 attack the BN means only "
-                                "(variance messages honest); attack / defense"),
-            ("both", "bn_mean", "The testbed's extension: f = 3 of 10 attack both BN statistics with the same "
-                                "attack; attack / defense"),
-            ("variance", "bn_var", "The variance alone: f = 3 of 10 attack the BN variances (mean messages "
-                                   "honest); attack / defense")):
-        cells = [r for r in fig4 if touched(r) in (kind, "none")]
-        if any(touched(r) == kind for r in cells):
-            pivot(cells, lambda r: f"{r['norm']}, gamma = {r['gamma']}", lambda r: attack_cell(r, channel),
-                  f"{title}: final test accuracy (%)")
-    long_sf = [r for r in rows if r["rounds"] == 1500 and r["norm"] in ("naive", "fbn") and r["f"] == 3
-               and r["n"] == 10 and r["batch_size"] == 50 and r["gamma"] == 0.0]
-    pivot(long_sf, lambda r: r["norm"],
+# ---- Figure 4, Figure 3 and the gap ----------------------------------------------------------
+
+FIG4 = dict(pred=lambda r: cpu_schedule(r) and r["grad_attack"] == "none"
+            and (r["f"] == 3 or r["bn_mean_agg"] == "mean"))
+
+
+def fig4_table(kind: str) -> None:
+    """Figure 4's cells: the BN means only (`mean`), both statistics alike (`both`), or the variance only."""
+    channel = "bn_var" if kind == "variance" else "bn_mean"
+    runs = [r for r in sel(**FIG4) if r["norm"] in ("naive", "fbn", "fedtan") and r["gamma"] in (0.0, 0.01)
+            and touched(r) in (kind, "none")]
+    pivot(runs, lambda r: f"{r['norm']}, gamma = {r['gamma']}", lambda r: attack_cell(r, channel))
+
+
+def control(norm, gamma):
+    """f = 3 sending nothing, undefended: the runs an attack on those 7 honest clients is compared with."""
+    return sel(lambda r: cpu_schedule(r) and touched(r) == "none" and r["grad_attack"] == "none", norm=norm,
+               gamma=gamma, f=3, bn_mean_agg="mean")
+
+
+def mean_attack(norm, gamma, attack, agg="mean"):
+    return sel(cpu_schedule, norm=norm, gamma=gamma, f=3, grad_attack="none", bn_mean_attack=attack,
+               bn_var_attack="honest", bn_mean_agg=agg)
+
+
+def fig4_findings() -> None:
+    for gamma in (0.0, 0.01):
+        for attack in ("sf", "foe", "alie"):
+            compare(f"naive BN, gamma = {gamma}, {attack.upper()} on the means, undefended, against no attack (7 honest)",
+                    mean_attack("naive", gamma, attack), control("naive", gamma))
+        compare(f"naive BN, gamma = {gamma}, SF on the means under nnm+median, against no attack (7 honest)",
+                mean_attack("naive", gamma, "sf", "nnm+median"), control("naive", gamma))
+        compare(f"FBN, gamma = {gamma}, SF on the means, undefended, against no attack (7 honest)",
+                mean_attack("fbn", gamma, "sf"), control("fbn", gamma))
+        compare(f"FBN against naive BN, gamma = {gamma}, no attack (7 honest)", control("fbn", gamma),
+                control("naive", gamma))
+    compare("FedTAN, gamma = 0.0, SF on the means, undefended, against no attack (7 honest)",
+            mean_attack("fedtan", 0.0, "sf"), control("fedtan", 0.0))
+
+
+def fig3(norm, gamma):
+    return sel(cpu_schedule, norm=norm, gamma=gamma, f=0, bn_mean_agg="mean")
+
+
+def fig3_table() -> None:
+    runs = sel(cpu_schedule, f=0, bn_mean_agg="mean")
+    pivot(runs, lambda r: r["norm"], lambda r: f"gamma = {r['gamma']}")
+
+
+def fbn_central() -> tuple[list, list]:
+    """FBN and centralized BN at gamma 0 and 1 (Figure 3), a pair being the same gamma and seed."""
+    pool = lambda norm: [{**r, "seed": (r["gamma"], r["seed"])} for g in (0.0, 1.0) for r in fig3(norm, g)]
+    return pool("fbn"), pool("central")
+
+
+def fig3_findings() -> None:
+    compare("naive BN at gamma = 0 against gamma = 1", fig3("naive", 0.0), fig3("naive", 1.0))
+    compare("FBN at gamma = 0 against gamma = 1", fig3("fbn", 0.0), fig3("fbn", 1.0))
+    compare("FBN against naive BN, gamma = 0, no attack (10 honest)", fig3("fbn", 0.0), fig3("naive", 0.0))
+    compare("HBN against centralized BN, gamma = 0", fig3("hbn", 0.0), fig3("central", 0.0))
+    print("- FBN against centralized BN: under \"Where this disagrees with seed 002\" below.")
+
+
+def disagreements() -> None:
+    """Seed 002 claims FBN matches centralized BN under extreme heterogeneity; seed 002 reports
+    FixBN at 75% on CIFAR-10 at gamma = 0; seed 003 finds FBN below plain BN under FedAvg."""
+    for gamma in (0.0, 1.0):
+        compare(f"FBN against centralized BN (seed 002: FBN matches it), T = 200, gamma = {gamma}",
+                fig3("fbn", gamma), fig3("central", gamma))
+    compare("the same, gamma = 0 and 1 pooled (a pair: one gamma and seed)", *fbn_central())
+    fbn, central = "fbn, n = 10 x batch 50, beta = 0.1", "central, n = 10 x batch 50, beta = 0.1"
+    compare("the same at the paper's schedule (T = 1500, momentum 0.99), gamma = 0", gap(fbn, 1500), gap(central, 1500))
+    compare("FixBN against centralized BN at gamma = 0, T = 200 (seed 002: FixBN loses accuracy under extreme "
+            "heterogeneity)", fig3("fixbn", 0.0), fig3("central", 0.0))
+    compare("seed 003's setting (FedAvg): FBN against plain BN (seed 002 finds FBN above it under DSGD)",
+            sel(algorithm="fedavg", partition="dirichlet", norm="fbn"),
+            sel(algorithm="fedavg", partition="dirichlet", norm="naive"))
+
+
+def seed003_findings() -> None:
+    part = lambda norm: sel(algorithm="fedavg", partition="dirichlet", norm=norm)
+    for norm in ("fixbn", "hbn", "gn"):
+        compare(f"FBN against {norm}", part("fbn"), part(norm))
+
+
+def seed004_findings() -> None:
+    part = lambda norm: sel(algorithm="fedavg", partition="feature-shift", norm=norm)
+    for norm in ("naive", "fbn", "gn"):
+        compare(f"FedBN against {norm} (FedBN's accuracy is personalized: each client's own test split)",
+                part("fedbn"), part(norm))
+
+
+def paper_schedule_table() -> None:
+    runs = sel(lambda r: r["rounds"] == 1500 and r["norm"] in ("naive", "fbn") and r["f"] == 3 and r["n"] == 10
+               and r["batch_size"] == 50 and r["gamma"] == 0.0)
+    pivot(runs, lambda r: r["norm"],
           lambda r: {"mean": "SF on the mean", "both": "SF on mean and variance", "none": "no attack (7 honest)"}
-          .get(touched(r), touched(r)) + ("" if touched(r) == "none" else f" / {r['bn_mean_agg']}"),
-          "The paper's schedule (T = 1500, momentum 0.99), gamma = 0: final test accuracy (%)")
-    gap = [r for r in rows if r["algorithm"] == "dsgd" and r["partition"] == "gamma" and r["gamma"] == 0.0
-           and r["norm"] in ("fbn", "central", "none", "fedtan") and r["bn_agg"] == "mean" and r["model"] == "simple-cnn"
-           and (r["rounds"] == 1500 or (r["rounds"] == 200 and (r["f"] == 0 or r["norm"] == "none")))]
-    pivot(gap, lambda r: f"{r['norm']}, n = {r['n']} x batch {r['batch_size']}, beta = {r['bn_momentum']}"
-          + ("" if not r["f"] else f", f = {r['f']} sending nothing" if touched(r) == "none"
-             else f", SF on the {'statistics' if touched(r) == 'both' else touched(r)} by f = {r['f']}, undefended"),
-          lambda r: "T = 200, momentum 0.9" if r["rounds"] == 200 else "T = 1500, momentum 0.99 (paper)",
-          "FBN against centralized BN at gamma = 0: final test accuracy (%)")
-    scale = [r for r in rows if cpu_schedule(r) and r["norm"] in ("fbn", "fbn-scale") and r["gamma"] == 0.0
-             and r["f"] == 3 and r["grad_attack"] == "none" and r["bn_agg"] == "mean"
-             and touched(r) in ("none", "both", "mean") and r["bn_mean_attack"] in ("sf", "none")]
-    pivot(scale, lambda r: r["norm"], lambda r: {"none": "no attack (7 honest)", "both": "SF on both statistics",
-                                                 "mean": "SF on the means"}[touched(r)],
-          "Scale-only FBN against FBN, f = 3 of 10, gamma = 0, undefended: final test accuracy (%)")
-    for partition, title in (("dirichlet", "Seed 003's setting (FedAvg, Dirichlet 0.6, batch 8)"),
-                             ("feature-shift", "Feature shift (seed 004's setting)")):
-        part = [r for r in rows if r["algorithm"] == "fedavg" and r["partition"] == partition]
-        pivot(part, lambda r: r["norm"], lambda r: "final accuracy", f"{title}: final test accuracy (%)")
-    # the verdicts' seeds: 0-4 (gamma = 1: 0-1); seeds 5-9 of two attacks test the searched ones
-    matrix = [r for r in runs_of(WORST_CASE_MATRIX, rows) if r["seed"] in MATRIX_SEEDS]
-    worst_case_tables(matrix)
-    worst_case_attacks(matrix)
-    searched_worst(rows, matrix)
-    wall = sum(r["wall_time_s"] or 0 for r in rows)
-    print(f"\n{len(rows)} runs, {wall / 60:.0f} minutes of run time in all")
+          .get(touched(r), touched(r)) + ("" if touched(r) == "none" else f" / {r['bn_mean_agg']}"))
+
+
+def gap_rows():
+    return sel(lambda r: r["algorithm"] == "dsgd" and r["partition"] == "gamma" and r["gamma"] == 0.0
+               and r["norm"] in ("fbn", "central", "none", "fedtan") and r["bn_agg"] == "mean"
+               and r["model"] == "simple-cnn"
+               and (r["rounds"] == 1500 or (r["rounds"] == 200 and (r["f"] == 0 or r["norm"] == "none"))))
+
+
+def gap_label(r) -> str:
+    extra = ("" if not r["f"] else f", f = {r['f']} sending nothing" if touched(r) == "none"
+             else f", SF on the {'statistics' if touched(r) == 'both' else touched(r)} by f = {r['f']}, undefended")
+    return f"{r['norm']}, n = {r['n']} x batch {r['batch_size']}, beta = {r['bn_momentum']}" + extra
+
+
+def gap_table() -> None:
+    pivot(gap_rows(), gap_label,
+          lambda r: "T = 200, momentum 0.9" if r["rounds"] == 200 else "T = 1500, momentum 0.99 (paper)")
+
+
+def gap(label, rounds):
+    return [r for r in gap_rows() if gap_label(r) == label and r["rounds"] == rounds]
+
+
+def gap_findings() -> None:
+    fbn, central = "fbn, n = 10 x batch 50, beta = 0.1", "central, n = 10 x batch 50, beta = 0.1"
+    one = "fbn, n = 1 x batch 500, beta = 0.1"
+    for rounds in (200, 1500):
+        compare(f"T = {rounds}: FBN against centralized BN", gap(fbn, rounds), gap(central, rounds))
+        compare(f"T = {rounds}: FBN with one client holding the union batch against FBN with 10 clients",
+                gap(one, rounds), gap(fbn, rounds))
+    for beta in (0.5, 1.0):
+        compare(f"T = 200: FBN with beta = {beta} against beta = 0.1",
+                gap(f"fbn, n = 10 x batch 50, beta = {beta}", 200), gap(fbn, 200))
+    both = sel(lambda r: cpu_schedule(r) and touched(r) == "both", norm="fbn", gamma=0.0, f=3, bn_mean_attack="sf",
+               bn_agg="mean")
+    compare("T = 200: FBN, SF on both statistics by f = 3 (undefended), against the same 7 honest clients", both,
+            control("fbn", 0.0))
+    compare("T = 200: FBN against no normalization, the same 7 honest clients", control("fbn", 0.0),
+            control("none", 0.0))
+    honest = "fbn, n = 10 x batch 50, beta = 0.1, f = 3 sending nothing"
+    compare("T = 1500: FBN, SF on both statistics by f = 3 (undefended), against the same 7 honest clients",
+            gap("fbn, n = 10 x batch 50, beta = 0.1, SF on the statistics by f = 3, undefended", 1500),
+            gap(honest, 1500))
+    compare("T = 1500: FBN against no normalization, the same 7 honest clients", gap(honest, 1500),
+            gap("none, n = 10 x batch 50, beta = 0.1, f = 3 sending nothing", 1500))
+
+
+def fedtan_findings() -> None:
+    for gamma in (0.0, 1.0):
+        compare(f"FedTAN against centralized BN, gamma = {gamma}, T = 200", fig3("fedtan", gamma),
+                fig3("central", gamma))
+        compare(f"FedTAN against FBN, gamma = {gamma}, T = 200", fig3("fedtan", gamma), fig3("fbn", gamma))
+    long = lambda norm: [r for r in gap_rows() if r["rounds"] == 1500 and r["norm"] == norm and r["f"] == 0
+                         and r["n"] == 10]
+    compare("FedTAN against centralized BN, gamma = 0, T = 1500", long("fedtan"), long("central"))
+    compare("FedWon against centralized BN, gamma = 0, T = 200", fig3("fedwon", 0.0), fig3("central", 0.0))
+
+
+def scale_table() -> None:
+    runs = sel(lambda r: cpu_schedule(r) and r["norm"] in ("fbn", "fbn-scale") and touched(r) in ("none", "both", "mean")
+               and r["bn_mean_attack"] in ("sf", "none"), gamma=0.0, f=3, grad_attack="none", bn_agg="mean")
+    pivot(runs, lambda r: r["norm"], lambda r: {"none": "no attack (7 honest)", "both": "SF on both statistics",
+                                                 "mean": "SF on the means"}[touched(r)])
+
+
+def scale_findings() -> None:
+    both = lambda norm: sel(lambda r: cpu_schedule(r) and touched(r) == "both" and r["bn_mean_attack"] == "sf",
+                            norm=norm, gamma=0.0, f=3, bn_agg="mean")
+    compare("scale-only FBN against FBN, no attack (7 honest)", control("fbn-scale", 0.0), control("fbn", 0.0))
+    compare("scale-only FBN against FBN, SF on both statistics", both("fbn-scale"), both("fbn"))
+    compare("FBN, SF on both statistics against no attack (7 honest)", both("fbn"), control("fbn", 0.0))
+
+
+def other_settings_table(partition: str) -> None:
+    pivot(sel(algorithm="fedavg", partition=partition), lambda r: r["norm"], lambda r: "final accuracy")
+
+
+def toy_table() -> None:
+    from robustbn.toy import TOY_MODES, normalization_experiment
+
+    gammas = (0.0, 0.01, 0.1, 0.3, 0.5, 1.0)
+    errors = {g: normalization_experiment(g, seed=0) for g in gammas}
+    print("| gamma | " + " | ".join(f"{g:g}" for g in gammas) + " |")
+    print("|---|" + "---|" * len(gammas))
+    for m in TOY_MODES:
+        print(f"| {m} | " + " | ".join(f"{errors[g][m]['norm_error']:.3f}" for g in gammas) + " |")
+    print()
+
+
+# ---- time --------------------------------------------------------------------------------------
+
+FAMILIES = (
+    ("the worst-case matrix and its clean runs (150 rounds, batch 32)", lambda r: r["rounds"] == 150),
+    ("the paper's schedule (T = 1500)", lambda r: r["rounds"] == 1500),
+    ("Figures 3 and 4 and the gap at T = 200 (DSGD)", lambda r: r["rounds"] == 200 and r["algorithm"] == "dsgd"),
+    ("seeds 003 and 004's settings (FedAvg)", lambda r: r["algorithm"] == "fedavg"),
+)
+
+
+def time_table() -> None:
+    print("| runs | finished runs | diverged | CPU hours (one thread a run) |")
+    print("|---|---|---|---|")
+    left = list(rows())
+    for name, pred in FAMILIES:
+        mine = [r for r in left if pred(r)]
+        left = [r for r in left if not pred(r)]
+        hours = math.fsum(r["wall_time_s"] or 0 for r in mine) / 3600
+        print(f"| {name} | {len(mine)} | {sum(r['status'] == 'diverged' for r in mine)} | {hours:.1f} |")
+    if left:
+        hours = math.fsum(r["wall_time_s"] or 0 for r in left) / 3600
+        print(f"| other | {len(left)} | {sum(r['status'] == 'diverged' for r in left)} | {hours:.1f} |")
+    hours = math.fsum(r["wall_time_s"] or 0 for r in rows()) / 3600
+    print(f"| **all** | {len(rows())} | {sum(r['status'] == 'diverged' for r in rows())} | {hours:.1f} |")
+    print()
+
+
+def count() -> str:
+    return str(len(rows()))
+
+
+SECTIONS = ("leaderboard", "worst_case_tables", "worst_case_verdicts", "searched_against_catalogue",
+            "fig4_findings", "fig3_table", "fig3_findings", "gap_table", "gap_findings", "fedtan_findings",
+            "scale_table", "scale_findings", "seed003_findings", "seed004_findings", "disagreements", "time_table")
+
+
+RESULTS_MD = ROOT / "docs" / "results.md"
+PAGE = ROOT / "docs" / "report"
+
+
+def cog(check: bool, path: Path = RESULTS_MD) -> int:
+    """Run the cog blocks of `path` (results.md): rewrite it, or with `check` only say whether
+    it is what the runs give (non-zero where it is stale)."""
+    from cogapp import Cog
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    args = ["cog", "-P", "-p", "import tables", "--verbosity=1"]
+    args += ["--check", "--diff", "--check-fail-msg=docs/results.md is stale: run ./dev.sh docs"] if check else ["-r"]
+    return Cog().main([*args, str(path)])
+
+
+def page(out: Path = PAGE) -> Path:
+    """The leaderboard page (robustbn report) of the runs, written to OUT/index.html."""
+    from robustbn.report import write_page
+
+    return write_page(list(matrix_runs(board_files())), out)
+
+
+USAGE = """usage: python docs/tables.py [RUNS]                 every section, printed (RUNS: a store or CSV)
+       python docs/tables.py --cog [--check] [FILE]  results.md's cog blocks: rewrite, or check
+       python docs/tables.py --page [DIR]            the leaderboard page (docs/report/index.html)"""
+
+
+def main(argv) -> int:
+    global SOURCE
+    if argv[:1] == ["--cog"]:
+        rest = argv[1:]
+        check = "--check" in rest
+        files = [a for a in rest if a != "--check"]
+        if any(a.startswith("-") for a in files) or len(files) > 1:
+            print(USAGE, file=sys.stderr)
+            return 2
+        return cog(check, Path(files[0]) if files else RESULTS_MD)
+    if argv[:1] == ["--page"]:
+        print(page(Path(argv[1]) if len(argv) > 1 else PAGE))
+        return 0
+    if len(argv) > 1 or any(a.startswith("-") for a in argv):
+        print(USAGE, file=sys.stderr)
+        return 2
+    if argv:
+        SOURCE = argv[0]
+    for name in SECTIONS:
+        print(f"\n## {name}\n")
+        globals()[name]()
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

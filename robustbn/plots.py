@@ -249,8 +249,10 @@ def worst_case_figure(rows, title: str | None = None):
                 seeds = f"{t['seeds']} seed{'s' * (t['seeds'] != 1)}"
                 ci = f"{ci_text(t['ci_low'], t['ci_high'], t['seeds'], digits=2)} ({seeds})" if t["ci_low"] is not None \
                     else seeds  # one seed: no interval
-                found = " (searched)" if t.get("worst_kind") == SEARCHED else ""
-                ax.text(j, i, f"{v:.2f}\n{ci}\n{t['worst_short']}{found}", ha="center",
+                attack = t["worst_short"].replace(" + ", "\n+ ")  # a mixed attack, one channel a line
+                if t.get("worst_kind") == SEARCHED:
+                    attack += "\n(searched)"
+                ax.text(j, i, f"{v:.2f}\n{ci}\n{attack}", ha="center",
                         va="center", color="white" if v < 0.6 else "black", fontsize=6.5)
                 if t["verdict"] in (BEST, TIED):
                     ax.add_patch(plt.Rectangle((j - 0.47, i - 0.47), 0.94, 0.94, fill=False, edgecolor="red",

@@ -224,3 +224,41 @@ def test_the_page_in_chromium_equals_the_json_and_sorts(setup, tmp_path):
         runs_header = first.eval_on_selector_all("th", "ths => ths.map(t => t.textContent)")
         assert runs_header[:4] == ["seed", "hash", "code_version", "status"]
         browser.close()
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+def test_report_command_json_markdown_and_page(setup, tmp_path, capsys):
+    from robustbn.cli import main
+
+    db, files = setup
+    matrices = [a for f in files for a in ("--matrix", f)]
+    assert main(["report", "--db", str(db), "--format", "json", *matrices]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    want = rows_json(board_of(setup))
+    assert printed == json.loads(json.dumps(want))
+    assert [list(r)[:len(KEYS)] for r in printed] == [list(KEYS)] * len(printed)
+    assert main(["report", "--db", str(db), "--format", "markdown", *matrices]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("| " + " | ".join(COLUMNS) + " |") and "- with FBN, use " in text
+    assert main(["report", "--db", str(db), "--out", str(tmp_path / "site"), *matrices]) == 0
+    page = (tmp_path / "site" / "index.html").read_text()
+    assert capsys.readouterr().out.strip() == str(tmp_path / "site" / "index.html")
+    assert '<table id="leaderboard">' in page and "http://" not in page and "https://" not in page
+    assert page.count('src="data:image/png;base64,') == 2  # the heatmap and the curves
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "nothing to do: give --out DIR"),
+    (["--format", "json", "--matrix", "missing.toml"], "--matrix missing.toml: no such scenario file"),
+    (["--format", "json", "--gamma", "0.5"], "no finished attacked runs"),
+    (["--format", "json", "--gamma", "nan"], "--gamma nan: a finite number"),
+])
+def test_report_command_bad_input_is_one_line(setup, args, message, capsys):
+    from robustbn.cli import main
+
+    db, files = setup
+    matrices = [] if "--matrix" in args or not args else [a for f in files for a in ("--matrix", f)]
+    assert main(["report", "--db", str(db), *args, *matrices]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("robustbn report: ") and message in err and len(err.strip().splitlines()) == 1

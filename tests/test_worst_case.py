@@ -386,3 +386,29 @@ def test_a_searched_attack_above_the_catalogues_worst_leaves_it_and_a_run_counts
     # no files: no sources, no kind
     (t,) = worst_case([r for r in rows if r["grad_attack"] != "ipm" or r["grad_attack_params"] == {"eps": 1.5}])
     assert t["worst_kind"] is None and t["worst_source"] is None
+
+
+def test_results_and_plot_worst_case_read_several_matrix_files(tmp_path, capsys):
+    db, catalogue, searched = searched_store(tmp_path, (0.20, 0.30, 0.10, 0.24))
+    assert main(["results", "--db", str(db), "--worst-case", "--format", "json", "--matrix", catalogue,
+                 "--matrix", searched]) == 0
+    (t,) = strict_json(capsys.readouterr().out)
+    assert (t["worst_kind"], t["worst_source"], t["seeds"]) == ("searched", searched, 4)
+    assert main(["results", "--db", str(db), "--worst-case", "--matrix", catalogue, "--matrix", searched]) == 0
+    out = capsys.readouterr().out
+    assert "worst_kind" in out.splitlines()[0] and "searched_worst_fbn.toml" in out
+    # a plain view of the same runs: no source column (a CSV stays importable)
+    assert main(["results", "--db", str(db), "--format", "csv", "--matrix", catalogue, "--matrix", searched]) == 0
+    header = capsys.readouterr().out.splitlines()[0].split(",")
+    assert "source" not in header
+    with Store(db, readonly=True) as store:
+        from robustbn.worst import matrix_rows
+        fig = figure(matrix_rows([catalogue, searched], store.rows()), "worst-case")
+    (panel,) = [a for a in fig.axes if a.get_title()]
+    assert [t.get_text().splitlines()[-3:] for t in panel.texts] == [["ipm (grad)", "+ SF (mean)", "(searched)"]]
+    assert "(searched): the worst attack is an attack search's" in fig.get_suptitle()
+    assert main(["plot", "worst-case", "--db", str(db), "--out", str(tmp_path / "w.png"), "--matrix", catalogue,
+                 "--matrix", searched]) == 0
+    assert main(["results", "--db", str(db), "--worst-case", "--matrix", str(tmp_path / "nope.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("robustbn results: --matrix ") and "no such scenario file" in err

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import (DEFAULT_DB, MATRIX_HELP, RAW, WHERE_HELP, UsageError, check_image_path, fail_cleanly,
-                     matching_rows)
+from .common import DEFAULT_DB, RAW, WHERE_HELP, UsageError, check_image_path, fail_cleanly
+from .results import add_matrix_option, selected_rows
 
 
 def register(sub) -> None:
@@ -20,16 +20,19 @@ def register(sub) -> None:
                                    "mean, nnm+median (2 seeds)\"), with key=value for any other field that varies. "
                                    "worst-case: defense x norm mode, one panel per other varying setting (f, gamma, ...), each "
                                    "cell the worst accuracy over attacks (seeds pooled) and the worst attack with the "
-                                   "channels it hit (\"SF (mean)\"); see `robustbn results --worst-case`.",
+                                   "channels it hit (\"SF (mean)\"), \"(searched)\" where it came from an attack search's "
+                                   "confirmation file (--matrix); see `robustbn results --worst-case`.",
                        epilog="examples:\n  robustbn plot curves --where gamma=0.0 --out results/fig4.png\n"
                               "  robustbn plot heterogeneity --where f=0 --out results/fig3a.png\n"
                               "  robustbn plot heatmap --where gamma=0.0 --out results/heatmap.png\n"
-                              "  robustbn plot worst-case --out results/worst.png")
+                              "  robustbn plot worst-case --out results/worst.png\n"
+                              "  robustbn plot worst-case --matrix scenarios/worst_case_fmnist.toml --matrix "
+                              "scenarios/searched_worst_fbn_dnc.toml --where gamma=0.0 --out results/worst.png")
     p.add_argument("kind", choices=["curves", "heterogeneity", "heatmap", "worst-case"])  # plots.KINDS
     p.add_argument("--out", required=True)
     p.add_argument("--db", default=DEFAULT_DB)
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help=WHERE_HELP)
-    p.add_argument("--matrix", metavar="FILE", default=None, help=MATRIX_HELP)
+    add_matrix_option(p)
     p.add_argument("--x", default="gamma", help="x axis of the heterogeneity plot (default gamma; e.g. alpha)")
     p.add_argument("--title", default=None)
     p.set_defaults(run=cmd_plot)
@@ -45,7 +48,7 @@ def cmd_plot(args) -> int:
     if args.kind == "heterogeneity" and args.x not in FIELDS:
         raise UsageError(f"--x {args.x}: not a scenario field; allowed: {', '.join(sorted(FIELDS))}")
     with Store(args.db, readonly=True) as store:
-        rows = matching_rows(store, args.where, matrix=args.matrix)
+        rows = selected_rows(store, args.where, matrices=args.matrix)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     try:
         plot(rows, args.kind, args.out, args.title, args.x)

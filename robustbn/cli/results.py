@@ -3,8 +3,31 @@ views: --worst-case (robustbn.worst), --pooled and --compare (robustbn.stats).""
 
 from __future__ import annotations
 
-from .common import (DEFAULT_DB, MATRIX_HELP, RAW, WHERE_HELP, UsageError, channel_columns, fail_cleanly,
-                     matching_rows, parse_where, text_table)
+from .common import (DEFAULT_DB, RAW, WHERE_HELP, UsageError, channel_columns, fail_cleanly, matching_rows,
+                     parse_where, text_table)
+
+MATRICES_HELP = ("keep only the runs of this scenario or matrix file, at any seed, on any device and by either "
+                 "engine (e.g. the matrix's worst case without an attack search's trials that share its "
+                 "settings); repeatable: the runs of any of the files, each with the file it came from. The runs "
+                 "of an attack search's confirmation file (searched_worst_*.toml) are searched attacks: "
+                 "--worst-case takes the lower of the catalogue's worst and theirs, and says which file it came from")
+
+
+def add_matrix_option(p) -> None:
+    p.add_argument("--matrix", metavar="FILE", action="append", default=[], help=MATRICES_HELP)
+
+
+def selected_rows(store, where: list[str], status=None, matrices: list[str] = ()) -> list[dict]:
+    """The store's runs that every `--where` keeps; with `--matrix FILE ...` only the runs of
+    those files, each with `source`, its file (robustbn.worst.matrix_rows)."""
+    from ..matrix import MatrixError
+    from ..worst import matrix_rows
+
+    rows = matching_rows(store, where, status)
+    try:
+        return matrix_rows(matrices, rows) if matrices else rows
+    except MatrixError as e:
+        raise UsageError(f"--matrix {e}") from None
 
 
 def register(sub) -> None:
@@ -22,13 +45,15 @@ def register(sub) -> None:
                               "  robustbn results --format json > results.json\n"
                               "  robustbn results --worst-case --where gamma=0.0\n"
                               "  robustbn results --worst-case --matrix scenarios/worst_case_fmnist.toml\n"
+                              "  robustbn results --worst-case --matrix scenarios/worst_case_fmnist.toml "
+                              "--matrix scenarios/searched_worst_fbn_dnc.toml\n"
                               "  robustbn results --worst-case --format csv > worst.csv\n"
                               "  robustbn results --pooled --where gamma=0.0\n"
                               "  robustbn results --compare bn_agg=mean bn_agg=nnm+median --where norm=fbn")
     p.add_argument("--db", default=DEFAULT_DB)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help=WHERE_HELP)
-    p.add_argument("--matrix", metavar="FILE", default=None, help=MATRIX_HELP)
+    add_matrix_option(p)
     p.add_argument("--status", choices=["done", "diverged", "running", "failed", "pruned"], default=None,
                    help="running runs show their rounds_done and history so far")
     p.add_argument("--worst-case", action="store_true",
@@ -56,9 +81,10 @@ def cmd_results(args) -> int:
         raise UsageError(f"{views[0]} reads finished runs only (leave out --status)")
     compared = _compared(args.compare) if args.compare else None
     with Store(args.db, readonly=True) as store:
-        rows = matching_rows(store, args.where, FINISHED if views else args.status, args.matrix)
+        rows = selected_rows(store, args.where, FINISHED if views else args.status, args.matrix)
     if args.worst_case:
         return _print_worst_case(rows, args.format)
+    rows = [{k: v for k, v in r.items() if k != "source"} for r in rows]  # the file: a worst case's column only
     if args.pooled:
         return _print_pooled(rows, args.format)
     if compared:
@@ -192,6 +218,9 @@ def _print_worst_case(rows: list[dict], fmt: str) -> int:
                  "interval excluding 0, else tied for best"]
         if any(t["diverged"] for t in table):
             notes.append("diverged: runs whose final accuracy is NaN or missing, counted as 0.0")
+        if any(t.get("worst_source") for t in table):
+            notes.append("worst_kind, worst_source: whether the worst attack is the catalogue's or a searched one "
+                         "(its runs from an attack search's confirmation file, searched_worst_*.toml), and the file")
         if any(t["worst_acc"] is None for t in table):
             notes.append("no worst_acc: f > 0 but no attack was run in that setting")
         print("\n".join(notes))

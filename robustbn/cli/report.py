@@ -1,0 +1,71 @@
+"""`robustbn report`: the leaderboard (robustbn.report) as one self-contained web page, as
+JSON or as markdown."""
+
+from __future__ import annotations
+
+import math
+
+from .common import DEFAULT_DB, RAW, UsageError, fail_cleanly
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="the leaderboard: which defense for which BN protocol (web page, JSON)",
+                       formatter_class=RAW,
+                       description="One row per (BN protocol, defense) at one gamma: clean accuracy (every Byzantine "
+                                   "channel honest, or f = 0), worst-case accuracy over the catalogue's attacks and "
+                                   "the confirmed searched ones (lowest mean over seeds), its 95% CI (Student t over "
+                                   "seeds), seeds, the worst attack (the messages it touched, catalogue or searched, "
+                                   "and the file), and the verdict within the protocol (best, tied for best, worse: "
+                                   "paired over seeds). Under it, one line per protocol: \"with X, use Y (worst "
+                                   "known Z% [a, b]); tied: ...\". --out DIR writes DIR/index.html, one page with "
+                                   "its CSS, script and images inline (no network): the sortable table (click a "
+                                   "header), each row opening to its runs, the worst-case heatmap and curves. "
+                                   "The runs are those of the --matrix files (default: "
+                                   "scenarios/worst_case_fmnist.toml, scenarios/clean_worst_case_fmnist.toml and "
+                                   "every scenarios/searched_worst_*.toml, under the current directory).",
+                       epilog="examples:\n  robustbn report --db results/paper.sqlite --out site\n"
+                              "  robustbn report --db results/paper.sqlite --format json\n"
+                              "  robustbn report --db results/paper.sqlite --format markdown --gamma 1.0\n"
+                              "  robustbn report --db my.sqlite --matrix my_matrix.toml --matrix "
+                              "my_searched_worst.toml --out site")
+    p.add_argument("--db", default=DEFAULT_DB)
+    p.add_argument("--out", metavar="DIR", default=None, help="write DIR/index.html")
+    p.add_argument("--format", choices=["json", "markdown"], default=None,
+                   help="print the rows (json: keys norm, defense, clean_acc, worst_acc, ci_low, ci_high, seeds, "
+                        "worst_attack, verdict, then the clean interval, the worst attack's file and the gap) or the "
+                        "leaderboard in markdown")
+    p.add_argument("--matrix", metavar="FILE", action="append", default=[],
+                   help="read the runs of this scenario file (repeatable; replaces the default files); an "
+                        "attack search's confirmation file (searched_worst_*.toml) holds searched attacks")
+    p.add_argument("--gamma", type=float, default=0.0, help="the heterogeneity of the leaderboard (default 0)")
+    p.set_defaults(run=cmd_report)
+
+
+@fail_cleanly
+def cmd_report(args) -> int:
+    import json
+
+    from ..report import default_matrices, leaderboard, markdown, rows_json, write_page
+    from ..store import FINISHED, Store, strict_json
+    from .results import selected_rows
+
+    if args.out is None and args.format is None:
+        raise UsageError("nothing to do: give --out DIR (the web page) or --format json|markdown")
+    if not math.isfinite(args.gamma):
+        raise UsageError(f"--gamma {args.gamma}: a finite number, e.g. 0.0")
+    matrices = args.matrix or default_matrices()
+    if not matrices:
+        raise UsageError("no matrix files: scenarios/worst_case_fmnist.toml is not under the current directory; "
+                         "give --matrix FILE")
+    with Store(args.db, readonly=True) as store:
+        rows = selected_rows(store, [], FINISHED, matrices)
+    board = leaderboard(rows, args.gamma)
+    if not board.rows:
+        raise UsageError(f"no finished attacked runs of {', '.join(matrices)} at gamma = {args.gamma} in {args.db}")
+    if args.out is not None:
+        print(write_page(rows, args.out, args.gamma))
+    if args.format == "json":
+        print(json.dumps(strict_json(rows_json(board)), indent=1, allow_nan=False))
+    elif args.format == "markdown":
+        print(markdown(board), end="")
+    return 0

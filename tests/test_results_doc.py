@@ -1,0 +1,59 @@
+"""docs/results.md is generated: `./dev.sh docs --check` (python docs/tables.py --cog --check)
+passes on the committed file and fails on a stale one; its verdict words come from the code."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results.md"
+TABLES = ROOT / "docs" / "tables.py"
+
+pytest.importorskip("cogapp", reason="cogapp is not installed (the test extra)")
+
+
+def check(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TABLES), "--cog", "--check", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_results_md_is_what_results_csv_gives():
+    done = check(RESULTS)
+    assert done.returncode == 0, f"docs/results.md is stale (run ./dev.sh docs):\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+
+
+def test_a_stale_number_fails_the_check(tmp_path):
+    text = RESULTS.read_text(encoding="utf-8")
+    # the first generated cell of the leaderboard, changed by a tenth of a point
+    start = text.index("<!-- [[[cog tables.leaderboard() ]]] -->")
+    match = re.compile(r"\| (\d+\.\d) \| \[").search(text, start)
+    value = match.group(1)
+    stale = text[:match.start(1)] + f"{float(value) + 0.1:.1f}" + text[match.end(1):]
+    (tmp_path / "results.md").write_text(stale, encoding="utf-8")
+    done = check(tmp_path / "results.md")
+    assert done.returncode != 0 and "stale" in done.stdout + done.stderr
+
+
+def test_every_verdict_word_is_inside_a_generated_block():
+    """Outside the cog blocks the prose names no winner: the words of a verdict appear only in
+    generated text (the (f, kappa) section, which is not from the store, aside)."""
+    text = RESULTS.read_text(encoding="utf-8").split("## How robust is each rule")[0]
+    prose = re.sub(r"<!-- \[\[\[cog.*?\[\[\[end\]\]\] -->", "", text, flags=re.S)
+    words = re.compile(r"\b(better|worse|wrecked|degrades|robust to|beats|outperforms|tied for best|"
+                       r"lower than|higher than)\b", re.I)
+    assert [m.group(0) for m in words.finditer(prose)] == []
+
+
+def test_few_seeds_get_no_verdict():
+    sys.path.insert(0, str(ROOT / "docs"))
+    import tables
+    from robustbn.stats import interval
+
+    # an interval that excludes 0 on 4 pairs is still no verdict; on 5 it is one
+    assert tables.verdict(interval([0.10, 0.11, 0.12, 0.10])) == "4 seeds, no verdict"
+    assert tables.verdict(interval([0.10, 0.11, 0.12, 0.10, 0.11])) == "higher"
+    assert tables.verdict(interval([-0.10, -0.11, -0.12, -0.10, -0.11])) == "lower"
+    assert tables.verdict(interval([0.10, -0.11, 0.12, -0.10, 0.01])) == "tied"
