@@ -24,7 +24,7 @@ pytest.importorskip("flwr")
 
 APP = Path(__file__).resolve().parent.parent / "examples" / "flower"
 BIN = Path(sys.executable).parent  # flwr, flower-superlink, flower-supernode, flower-superexec
-SMALL = "num-server-rounds=2 byzantine=1 data-dir='' per-client=96 test-size=300 batch-size=32 round-timeout=120.0"
+SMALL = "num-server-rounds=2 byzantine=1 data-dir='' per-client=192 test-size=300 batch-size=32"
 
 
 def free_port() -> int:
@@ -64,22 +64,24 @@ class Processes:
         self.started.append(process)
         return process
 
-    def stop(self) -> None:
-        tree, todo, everyone = _children(), [p.pid for p in self.started], []
+    def stop(self, only: subprocess.Popen | None = None, signals=(signal.SIGTERM, signal.SIGKILL)) -> None:
+        """End the processes started (or `only` that one) and all their descendants."""
+        started = [only] if only else self.started
+        tree, todo, everyone = _children(), [p.pid for p in started], []
         while todo:
             pid = todo.pop()
             everyone.append(pid)
             todo += tree.get(pid, [])
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        for sig in signals:
             for pid in everyone:
                 try:
                     os.killpg(os.getpgid(pid), sig)
                 except (ProcessLookupError, PermissionError):
                     pass
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and any(p.poll() is None for p in self.started):
+            while time.monotonic() < deadline and any(p.poll() is None for p in started):
                 time.sleep(0.1)
-        for p in self.started:
+        for p in started:
             p.wait(timeout=5)
 
     def logs(self) -> str:
@@ -111,23 +113,32 @@ def wait_for_superlink(port: int, processes: Processes, limit: float = 60.0) -> 
     pytest.fail(f"flower-superlink did not answer on 127.0.0.1:{port} within {limit:.0f} s\n{processes.logs()}")
 
 
-def flwr_run(processes: Processes, port: int, run_config: str, *extra: str) -> list[dict]:
+def flwr_run(processes: Processes, port: int, run_config: str, *extra: str, meanwhile=None) -> tuple[list, str]:
     """`flwr run` of the example against the SuperLink on `port`, named in the Flower
-    Configuration; the ServerApp's per-round results."""
+    Configuration (`meanwhile()` called every 0.2 s while it runs): the ServerApp's
+    per-round results and the run's streamed log."""
     (processes.home / "config.toml").write_text(
         f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
-    result = processes.home / "result.json"
-    run = subprocess.run([str(BIN / "flwr"), "run", str(APP), "test", "--stream", "--run-config",
-                          f"{SMALL} {run_config} result-file='{result}'", *extra],
-                         env=processes.env, cwd=processes.home, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and result.exists(), f"{run.stdout[-4000:]}\n{run.stderr[-4000:]}\n{processes.logs()}"
-    return json.loads(result.read_text())["rounds"]
+    result, log = processes.home / "result.json", processes.home / "flwr-run.log"
+    with open(log, "w") as out:
+        run = subprocess.Popen([str(BIN / "flwr"), "run", str(APP), "test", "--stream", "--run-config",
+                                f"{SMALL} {run_config} result-file='{result}'", *extra],
+                               env=processes.env, cwd=processes.home, stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    processes.started.append(run)
+    deadline = time.monotonic() + 300
+    while run.poll() is None and time.monotonic() < deadline:
+        if meanwhile:
+            meanwhile()
+        time.sleep(0.2)
+    assert run.poll() == 0 and result.exists(), f"flwr run: {run.poll()}\n{processes.logs()}"
+    return json.loads(result.read_text())["rounds"], log.read_text()
 
 
 def check_rounds(rounds: list[dict]) -> None:
     assert [r["round"] for r in rounds] == [1, 2]
     assert all(math.isfinite(r["accuracy"]) and 0 <= r["accuracy"] <= 1 for r in rounds)
-    assert rounds[-1]["accuracy"] > 0.3  # chance is 0.1: the global model learned under label flipping
+    assert rounds[-1]["accuracy"] > 0.2, rounds  # chance is 0.1: the global model learned under label flipping
 
 
 @pytest.mark.slow
@@ -138,23 +149,33 @@ def test_flwr_run_in_the_simulation_runtime(flower_home):
     flower_home.start("superlink", "flower-superlink", "--insecure", "--simulation",
                       "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port))
     wait_for_superlink(port, flower_home)
-    rounds = flwr_run(flower_home, port, "num-clients=4 fraction-evaluate=0.0",
-                      "--federation-config", "num-supernodes=4 client-resources-num-cpus=1")
+    rounds, _ = flwr_run(flower_home, port, "num-clients=4 fraction-evaluate=0.0 round-timeout=120.0",
+                         "--federation-config", "num-supernodes=4 client-resources-num-cpus=1")
     check_rounds(rounds)
 
 
 @pytest.mark.slow
-def test_flwr_run_against_a_superlink_with_three_supernodes(flower_home):
-    """The Deployment Runtime on localhost: flower-superlink --insecure, three flower-supernode
-    --insecure --node-config "partition-id=I num-partitions=3", then flwr run."""
+def test_flwr_run_against_a_superlink_and_supernodes_one_dying_mid_round(flower_home):
+    """The Deployment Runtime on localhost: flower-superlink --insecure, four flower-supernode
+    --insecure --node-config "partition-id=I num-partitions=4" (the last flips its labels),
+    then flwr run; SuperNode 2 is killed, with its ClientApp, once round 2's train message
+    reached it. The server waits out the round's timeout, aggregates the three replies it got
+    with one log line saying so, and finishes the run."""
     port = free_port()
     flower_home.start("superlink", "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
                       "--host", "127.0.0.1", "--port", str(port))
     wait_for_superlink(port, flower_home)
-    for i in range(3):
-        flower_home.start(f"supernode{i}", "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
-                          "--host", "127.0.0.1", "--port", str(free_port()),
-                          "--node-config", f"partition-id={i} num-partitions=3")
-    rounds = flwr_run(flower_home, port, "num-clients=3 fraction-evaluate=0.0")
+    nodes = [flower_home.start(f"supernode{i}", "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
+                               "--host", "127.0.0.1", "--port", str(free_port()),
+                               "--node-config", f"partition-id={i} num-partitions=4") for i in range(4)]
+    log = flower_home.home / "supernode2.log"
+
+    def kill_node_2_mid_round():
+        if nodes[2].poll() is None and log.read_text().count("Receiving: train message") == 2:
+            flower_home.stop(only=nodes[2], signals=(signal.SIGKILL,))
+    rounds, out = flwr_run(flower_home, port, "num-clients=4 fraction-evaluate=0.0 round-timeout=45.0",
+                           meanwhile=kill_node_2_mid_round)
     check_rounds(rounds)
-    assert all(p.poll() is None for p in flower_home.started)  # the SuperLink and SuperNodes still serve
+    assert nodes[2].poll() is not None and all(node.poll() is None for i, node in enumerate(nodes) if i != 2)
+    assert "RobustStrategy: round 2: aggregating 3 replies of n = 4 (the others lost or left out)" in out
+    assert "Traceback" not in out

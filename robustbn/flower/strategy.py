@@ -185,6 +185,9 @@ class RobustStrategy(FedAvg):
             log(WARNING, "RobustStrategy: round %s: no reply to aggregate: the global model stays", server_round)
             return None, None
         states = [s for _, s in honest + byzantine]
+        if not self.simulated and len(states) < self.sc.n:
+            log(WARNING, "RobustStrategy: round %s: aggregating %s replies of n = %s (the others lost or left out)",
+                server_round, len(states), self.sc.n)
         g = self._global
         weights = {k: g[k].to(self.server.device) for k in self.layout.weights}
         rows = {k: torch.stack([s[k].to(weights[k]) for s in states]) for k in self.layout.weights}
