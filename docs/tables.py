@@ -26,7 +26,7 @@ from collections import defaultdict
 from functools import cache
 from pathlib import Path
 
-from robustbn.channels import NOT_ATTACKS
+from robustbn.channels import NOT_ATTACKS, expand_channels
 from robustbn.labels import attack_short, attack_words, setting_defense_words
 from robustbn.stats import Estimate, by_seed, ci_text, distinct, paired, seeds_interval
 from robustbn.store import FINISHED, Store, read_export
@@ -176,6 +176,27 @@ def leaderboard() -> None:
     from robustbn.report import leaderboard as board, markdown
 
     print(markdown(board(list(matrix_runs(board_files())))))
+
+
+def catalogue_coverage(gamma=0.0) -> None:
+    """How many attacks the catalogue's file lists per cell, against how many each cell ran."""
+    from robustbn.labels import hashable
+    from robustbn.matrix import load
+    from robustbn.worst import ATTACK_FIELDS, ATTACK_KEYS, NOT_SETTING, worst_case
+
+    _, scenarios = load(ROOT / WORST_CASE_MATRIX)
+    listed = defaultdict(set)
+    for sc in scenarios:
+        d = expand_channels(sc.to_dict())
+        if d["gamma"] == gamma:
+            key = tuple((k, hashable(v)) for k, v in sorted(d.items()) if k not in ATTACK_KEYS and k not in NOT_SETTING)
+            listed[key].add(tuple(hashable(d.get(k)) for k in ATTACK_FIELDS))
+    runs = [r for r in matrix_runs((WORST_CASE_MATRIX,)) if r["gamma"] == gamma]
+    ran = [t["attacks"] for t in worst_case(runs) if t["f"]]
+    sizes = sorted({len(v) for v in listed.values()})
+    print(f"The catalogue's file lists {'-'.join(map(str, sizes))} attacks per cell at gamma = {gamma}; the runs in "
+          f"the store cover {min(ran)}-{max(ran)} of them per cell (the leaderboard's worst attack column says how "
+          f"many), so a cell's worst case is over the attacks run.")
 
 
 def worst_case_tables(gammas=(0.0, 1.0)) -> None:

@@ -40,8 +40,8 @@ SEARCHED_GLOB = "searched_worst_*.toml"
 COLUMNS = ("protocol", "defense", "clean accuracy", "worst-case accuracy", "95% CI", "seeds", "worst attack",
            "verdict")
 KEYS = ("norm", "defense", "clean_acc", "worst_acc", "ci_low", "ci_high", "seeds", "worst_attack", "verdict")
-EXTRA_KEYS = ("clean_low", "clean_high", "clean_seeds", "clean_kind", "worst_kind", "worst_source", "gap",
-              "gap_low", "gap_high", "gap_pairs")
+EXTRA_KEYS = ("clean_low", "clean_high", "clean_seeds", "clean_kind", "worst_kind", "worst_source", "attacks",
+              "gap", "gap_low", "gap_high", "gap_pairs")
 # protocols a practitioner may ask about that the worst-case matrix leaves out, and why
 ABSENT = {
     "fedbn": "BN layers stay local: each client's model is evaluated on its own test split (a personalized "
@@ -98,7 +98,8 @@ def leaderboard(rows: list[dict[str, Any]], gamma: float = 0.0) -> Board:
                     "ci_low": t["ci_low"], "ci_high": t["ci_high"], "seeds": t["seeds"],
                     "worst_attack": t["worst_attack"], "verdict": t["verdict"],
                     "clean_low": clean[1], "clean_high": clean[2], "clean_seeds": clean[3], "clean_kind": kind,
-                    **{k: t[k] for k in ("worst_kind", "worst_source", "gap", "gap_low", "gap_high", "gap_pairs")},
+                    **{k: t[k] for k in ("worst_kind", "worst_source", "attacks", "gap", "gap_low", "gap_high",
+                                         "gap_pairs")},
                     "runs": [{"seed": r.get("seed"), "hash": r.get("hash"), "code_version": r.get("code_version"),
                               "status": r.get("status"), "attack": attack_short(r), "final_acc": r.get("final_acc"),
                               "source": r.get("source"),
@@ -146,11 +147,12 @@ def clean_text(r: dict[str, Any]) -> str:
 
 
 def attack_text(r: dict[str, Any]) -> str:
+    """The worst attack in words, where it came from, and of how many attacks run."""
     if r["worst_attack"] is None:
         return "no attack run"
-    if r["worst_kind"] == SEARCHED:
-        return f"{r['worst_attack']} (searched: {r['worst_source']})"
-    return f"{r['worst_attack']} (catalogue)" if r["worst_kind"] else r["worst_attack"]
+    where = (f"searched: {r['worst_source']}" if r["worst_kind"] == SEARCHED
+             else "catalogue" if r["worst_kind"] else "")
+    return f"{r['worst_attack']} ({where + '; ' if where else ''}worst of {r['attacks']} attacks run)"
 
 
 def cells(r: dict[str, Any]) -> list[str]:
@@ -191,7 +193,8 @@ def markdown(board: Board) -> str:
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:80em;color:#222}
 table{border-collapse:collapse;width:100%}th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left;
-vertical-align:top}th{cursor:pointer;background:#f4f4f4;user-select:none}th:after{content:" \\2195";color:#aaa}
+vertical-align:top}th{background:#f4f4f4}#leaderboard>thead th{cursor:pointer;user-select:none}
+#leaderboard>thead th:after{content:" \\2195";color:#aaa}
 tr.entry{cursor:pointer}tr.entry:hover{background:#f7f7ff}tr.best{font-weight:bold}td.num{text-align:right}
 tr.runs td{padding:0 8px;border:0}details table{width:auto;font-size:12px;margin:0 0 8px 2em}
 img{max-width:100%}code{font-size:13px}"""

@@ -123,6 +123,7 @@ def test_the_leaderboards_numbers_equal_scipy_on_the_store(setup):
     r = rows["fbn", robust]
     assert r["worst_attack"] == "ipm (eps=1.5) on the gradients + SF on the mean"
     assert r["worst_source"].endswith("searched_worst_fbn_nnm_median.toml") and r["seeds"] == 7
+    assert r["attacks"] == 3 and rows["fbn", "mean"]["attacks"] == 2
     # verdicts: the best by mean, each other paired with it on the seeds both ran (ttest_rel's interval)
     for norm, defenses in (("naive", ("mean", "nnm+median")), ("fbn", ("mean", "nnm+median", "trmean"))):
         worst = {d: expected(norm, d) for d in defenses}
@@ -176,7 +177,8 @@ def dom_text(r: dict) -> list[str]:
     clean = "not run" if r["clean_acc"] is None else (
         f"{p(r['clean_acc'])} [{p(r['clean_low'])}, {p(r['clean_high'])}] ({r['clean_seeds']} seeds"
         + (", f = 0)" if r["clean_kind"] == "f = 0" else ")"))
-    source = {"searched": f" (searched: {r['worst_source']})", "catalogue": " (catalogue)"}[r["worst_kind"]]
+    source = {"searched": f" (searched: {r['worst_source']}; ", "catalogue": " (catalogue; "}[r["worst_kind"]]
+    source += f"worst of {r['attacks']} attacks run)"
     names = {"naive": "naive BN", "fbn": "FBN"}
     return [names[r["norm"]], r["defense"], clean, p(r["worst_acc"]), f"[{p(r['ci_low'])}, {p(r['ci_high'])}]",
             str(r["seeds"]), r["worst_attack"] + source, r["verdict"]]
