@@ -24,6 +24,20 @@ def test_bring_your_own_defense_runs_its_matrix_and_passes_the_kit(tmp_path, cle
     assert main(["check-aggregator", "myattack:MeanMinusZStd", "--attack", "--examples", "10"]) == 0
 
 
+# every folder under examples/ and the test that runs it at a small size
+RUN_BY = {"bring_your_own_defense": "test_examples.py::test_bring_your_own_defense_runs_its_matrix_and_passes_the_kit",
+          "flower": "test_flower_app.py::test_flwr_run_in_the_simulation_runtime"}
+
+
+def test_every_example_folder_is_run_by_a_test():
+    """A new folder under examples/ comes with a test that runs it, named in RUN_BY."""
+    examples = EXAMPLE.parent
+    assert {p.name for p in examples.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))} == set(RUN_BY)
+    for folder, test in RUN_BY.items():
+        file, name = test.split("::")
+        assert f"def {name}(" in (Path(__file__).parent / file).read_text(), f"examples/{folder}: {test} is gone"
+
+
 FLOWER = Path(__file__).resolve().parent.parent / "examples" / "flower"
 
 

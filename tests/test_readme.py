@@ -1,7 +1,9 @@
 import re
 from pathlib import Path
 
-README = Path(__file__).parent.parent / "README.md"
+ROOT = Path(__file__).parent.parent
+README = ROOT / "README.md"
+ENGINE = ROOT / "docs" / "guide" / "engine.md"
 
 
 def test_quickstart_is_exactly_two_commands():
@@ -11,7 +13,26 @@ def test_quickstart_is_exactly_two_commands():
 
 
 def test_engine_example_runs_as_written(capsys):
-    code = re.search(r"```python\n(import robustbn\n.*?)```", README.read_text(), re.S).group(1)
-    exec(compile(code, "README.md", "exec"), {})
+    code = re.search(r"```python\n(import robustbn\n.*?)```", ENGINE.read_text(), re.S).group(1)
+    exec(compile(code, str(ENGINE), "exec"), {})
     out = capsys.readouterr().out
     assert "'round': 60" in out and "features.1" in out
+
+
+def test_the_tour_runs_as_written(tmp_path):
+    """README's tensor example gives one finite aggregate, and its scenario file expands into
+    the number of runs it says."""
+    import torch
+
+    from robustbn.matrix import load
+
+    text = README.read_text()
+    code = re.search(r"```python\n(import torch, aggregators, attacks\n.*?)```", text, re.S).group(1)
+    *body, last = code.strip().splitlines()
+    scope = {}
+    exec(compile("\n".join(body) + "\nresult = " + last, str(README), "exec"), scope)
+    assert scope["result"].shape == (1000,) and torch.isfinite(scope["result"]).all()
+    toml = re.search(r"```toml\n(.*?)```", text.split("## A tour", 1)[1], re.S).group(1)
+    said = int(re.search(r"this one into (\d+) runs", text).group(1))
+    (tmp_path / "tour.toml").write_text(toml)
+    assert len(load(tmp_path / "tour.toml", [])[1]) == said

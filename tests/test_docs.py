@@ -1,0 +1,194 @@
+"""Docs that cannot go stale: every fenced `robustbn ...` command in README.md, docs/ and the
+examples' READMEs, and every example in the commands' own --help, parses with the real
+argument parser (nothing runs); every relative link and image in them resolves, anchors
+included."""
+
+import contextlib
+import io
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from robustbn.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "docs" / "guide").glob("*.md"),
+               *(ROOT / "examples").glob("*/README.md")])
+SHELL = {"bash", "sh", "shell", "console", "zsh"}
+FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```", re.S | re.M)
+OPERATORS = {"|", "||", "&&", ";", "&", ">", ">>", "<", "2>", "&>"}
+
+
+def shell_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, command line) of every shell code block, continuation lines joined."""
+    found = []
+    for block in FENCE.finditer(text):
+        if block.group(1) not in SHELL:
+            continue
+        first = text.count("\n", 0, block.start(2)) + 1
+        pending, start = "", None
+        for i, line in enumerate(block.group(2).splitlines()):
+            start = first + i if start is None else start
+            if line.rstrip().endswith("\\"):
+                pending += line.rstrip()[:-1] + " "
+                continue
+            found.append((start, pending + line))
+            pending, start = "", None
+    return found
+
+
+def commands(line: str) -> list[list[str]]:
+    """The argument lists of the `robustbn` commands of one shell line: comments stripped,
+    split at pipes, `&&`, `;` and redirections, shell variables read as 0 (`--shard
+    $SLURM_ARRAY_TASK_ID/8` is `0/8`)."""
+    line = re.sub(r"\$\{?\w+\}?", "0", line)
+    lexer = shlex.shlex(line, posix=True, punctuation_chars="|&;<>")
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    found, current, skip = [], [], False
+    for token in [*lexer, ";"]:
+        if token in OPERATORS or set(token) <= set("|&;<>"):
+            if current:
+                found.append(current)
+            current, skip = [], token in {">", ">>", "<", "2>", "&>"}  # the next word is a file
+            continue
+        if skip:
+            skip = False
+            continue
+        current.append(token)
+    return [c[1:] for c in found if c and Path(c[0]).name == "robustbn"]
+
+
+def parse(argv: list[str]) -> str | None:
+    """None when the parser accepts argv (or it asks for --help or --version), else its message."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            build_parser().parse_args(argv)
+    except SystemExit as e:
+        if e.code not in (0, None):
+            return err.getvalue().strip() or f"exit status {e.code}"
+    return None
+
+
+def documented_commands():
+    for path in DOCS:
+        for number, line in shell_lines(path.read_text()):
+            for argv in commands(line):
+                yield pytest.param(argv, id=f"{path.relative_to(ROOT)}:{number}")
+
+
+def test_the_docs_hold_commands():
+    found = {p.id.split(":")[0] for p in documented_commands()}
+    assert {"README.md", "docs/guide/scenarios.md", "docs/guide/clusters.md"} <= found
+
+
+@pytest.mark.parametrize("argv", list(documented_commands()))
+def test_every_documented_command_parses(argv, request):
+    where = request.node.callspec.id
+    problem = parse(argv)
+    assert problem is None, f"{where}: robustbn {shlex.join(argv)}: {problem}"
+
+
+def help_examples():
+    ap = build_parser()
+    for name, sub in [("robustbn", ap), *ap.commands.items()]:
+        for line in (sub.epilog or "").split("examples:", 1)[-1].splitlines():
+            for argv in commands(line.strip()):
+                yield pytest.param(argv, id=f"{name} --help: {shlex.join(argv)}"[:120])
+
+
+def test_every_command_has_examples_in_its_help():
+    named = {p.id.split(" --help")[0] for p in help_examples()}
+    assert named == {"robustbn", *build_parser().commands}
+
+
+@pytest.mark.parametrize("argv", list(help_examples()))
+def test_every_help_example_parses(argv):
+    problem = parse(argv)
+    assert problem is None, f"robustbn {shlex.join(argv)}: {problem}"
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("robustbn results --format csv > results.csv  # a comment", [["results", "--format", "csv"]]),
+    ("robustbn run x.toml --shard $SLURM_ARRAY_TASK_ID/8 --db r/s${I}.sqlite",
+     [["run", "x.toml", "--shard", "0/8", "--db", "r/s0.sqlite"]]),
+    ("ray start --head && .venv/bin/robustbn list 'a b.toml' | head", [["list", "a b.toml"]]),
+    ("robustbn results --worst-case --format csv>w.csv; robustbn plot worst-case --out w.png",
+     [["results", "--worst-case", "--format", "csv"], ["plot", "worst-case", "--out", "w.png"]]),
+    ("#SBATCH --array=0-7", []),
+    ("pip install 'robustbn[ray]'", []),
+])
+def test_commands_are_read_as_the_shell_reads_them(line, expected):
+    assert commands(line) == expected
+
+
+def test_continuation_lines_are_joined_and_a_bad_flag_is_caught():
+    text = "x\n```bash\nrobustbn run a.toml \\\n    --jobs 2\nrobustbn results --wehre f=3\n```\n"
+    lines = shell_lines(text)
+    assert lines == [(3, "robustbn run a.toml      --jobs 2"), (5, "robustbn results --wehre f=3")]
+    assert parse(commands(lines[0][1])[0]) is None
+    assert "unrecognized arguments: --wehre" in parse(commands(lines[1][1])[0])
+    assert "invalid choice" in parse(["plot", "bars", "--out", "a.png"])
+
+
+# ---- links ------------------------------------------------------------------------------
+
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|<img[^>]+src=\"([^\"]+)\"")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"[`*_]|<[^>]+>", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = FENCE.sub("", path.read_text())
+    return {slug(m.group(1)) for m in re.finditer(r"^#{1,6}\s+(.*?)\s*#*$", text, re.M)}
+
+
+def links(path: Path) -> list[tuple[int, str]]:
+    """(line, target) of every link and image outside code."""
+    text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), path.read_text())
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return [(text.count("\n", 0, m.start()) + 1, m.group(1) or m.group(2)) for m in LINK.finditer(text)]
+
+
+def broken(path: Path) -> list[str]:
+    problems = []
+    for number, target in links(path):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        file, _, anchor = target.partition("#")
+        resolved = (path.parent / file).resolve() if file else path
+        where = f"{path.relative_to(ROOT)}:{number}: {target}"
+        if not resolved.exists():
+            problems.append(f"{where}: no such file")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+            problems.append(f"{where}: no heading #{anchor} in {resolved.name}")
+    return problems
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_and_image_resolves(path):
+    assert broken(path) == []
+
+
+def test_the_link_check_finds_broken_links(tmp_path, monkeypatch):
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    (tmp_path / "img.png").write_bytes(b"")
+    (tmp_path / "b.md").write_text("# Who computes, in a round?\n")
+    page = tmp_path / "a.md"
+    page.write_text("[ok](b.md#who-computes-in-a-round) ![i](img.png) [web](https://x.org/y) `[no](code.md)`\n"
+                    "```\n[in code](gone.md)\n```\n[gone](gone.md) ![gone](gone.png) [bad](b.md#nope) [self](#x)\n"
+                    "## X\n")
+    assert broken(page) == ["a.md:5: gone.md: no such file", "a.md:5: gone.png: no such file",
+                            "a.md:5: b.md#nope: no heading #nope in b.md"]
+
+
+def test_slugs_are_githubs():
+    assert slug("`robustbn.run(scenario)`") == "robustbnrunscenario"
+    assert slug("How robust is it: the measured (f, κ)") == "how-robust-is-it-the-measured-f-κ"
+    assert slug("Array jobs (Slurm, Kubernetes indexed jobs)") == "array-jobs-slurm-kubernetes-indexed-jobs"
