@@ -6,7 +6,7 @@ A cell is "mean [low, high] (n seeds)": the mean over seeds of the final test ac
 95% interval (Student t over seeds, clipped to [0, 100]: robustbn.stats), "mean (1 seed)" where
 one seed ran. A comparison of B against A pairs the seeds both ran: "B - A = +x [low, high] (n
 pairs)" and a verdict: "higher" or "lower" where the paired interval excludes 0, "tied" where it
-does not, and "n seeds, no verdict" below `MIN_SEEDS` pairs, whatever the interval.
+does not, and "n seeds, no verdict" below `MIN_PAIRS` pairs (robustbn.stats), whatever the interval.
 Each table says which BN message the attack touched: the mean only (seed 002's attack; the
 variance messages `honest`), both statistics alike (`bn_attack`), or the variance only.
 
@@ -28,14 +28,12 @@ from pathlib import Path
 
 from robustbn.channels import NOT_ATTACKS, expand_channels
 from robustbn.labels import attack_short, attack_words, setting_defense_words
-from robustbn.stats import Estimate, by_seed, ci_text, distinct, paired, seeds_interval
+from robustbn.stats import MIN_PAIRS, Estimate, by_seed, ci_text, distinct, paired, seeds_interval, too_few
 from robustbn.store import FINISHED, Store, read_export
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = os.environ.get("ROBUSTBN_DOCS_RUNS", str(ROOT / "docs" / "results.csv"))
 SOURCE_NAME = os.path.relpath(SOURCE, ROOT) if os.path.isabs(SOURCE) else SOURCE
-MIN_SEEDS = 5  # a comparison on fewer paired seeds gets no verdict
-CELLS = "mean [95% CI, Student t over seeds, clipped to [0, 100]] (seeds); 1 seed: no interval"
 WORST_CASE_MATRIX = "scenarios/worst_case_fmnist.toml"
 SEARCHED = ("fbn_nnm_trmean", "fbn_dnc", "naive_dnc")
 
@@ -104,8 +102,8 @@ def cell(runs) -> str:
 
 def verdict(d: Estimate, higher: str = "higher", lower: str = "lower") -> str:
     """The word a paired difference supports: `higher`, `lower`, "tied", or "n seeds, no verdict"."""
-    if d.n < MIN_SEEDS:
-        return f"{d.n} seed{'s' * (d.n != 1)}, no verdict"
+    if too_few(d.n):
+        return too_few(d.n)
     return (higher if d.low > 0 else lower) if distinct(d) else "tied"
 
 
@@ -199,6 +197,17 @@ def catalogue_coverage(gamma=0.0) -> None:
           f"many), so a cell's worst case is over the attacks run.")
 
 
+def judged(t: dict, table: list[dict]) -> bool:
+    """Whether a worst-case cell's verdict stands on MIN_PAIRS paired seeds (the best's: every
+    other defense of its protocol paired with it on as many)."""
+    if t["verdict"] is None:
+        return False
+    if t["gap_pairs"] is not None:
+        return not too_few(t["gap_pairs"])
+    others = [o["gap_pairs"] for o in table if o["norm"] == t["norm"] and o is not t and o["gap_pairs"] is not None]
+    return bool(others) and not too_few(min(others))
+
+
 def worst_case_tables(gammas=(0.0, 1.0)) -> None:
     """Per gamma: defense x norm protocol, each cell the worst case (robustbn.worst) over the
     catalogue's attacks and the confirmed searched ones, at every seed they ran."""
@@ -212,7 +221,7 @@ def worst_case_tables(gammas=(0.0, 1.0)) -> None:
         print(f"\n**Worst case, gamma = {gamma}: final test accuracy (%) under the worst attack (the catalogue's "
               f"or a searched one, marked *), mean [95% CI, Student t over seeds, clipped to [0, 100]] (that "
               f"attack, seeds); bold: the best defense of its protocol, every other worse paired over seeds; "
-              f"italic: tied for best**\n")
+              f"italic: tied for best; neither where fewer than {MIN_PAIRS} seeds were paired (no verdict)**\n")
         print("| defense | " + " | ".join(norms) + " |")
         print("|---|" + "---|" * len(norms))
         for defense in defenses:
@@ -225,7 +234,8 @@ def worst_case_tables(gammas=(0.0, 1.0)) -> None:
                 e = Estimate(t["seeds"], t["worst_acc"], t["ci_low"], t["ci_high"], t["worst_std"])
                 mark = "*" if t["worst_kind"] == FOUND else ""
                 text = interval_cell(e).replace(" (", f" ({t['worst_short']}{mark}, ", 1)
-                cells.append({BEST: f"**{text}**", TIED: f"*{text}*"}.get(t["verdict"], text))
+                cells.append({BEST: f"**{text}**", TIED: f"*{text}*"}.get(t["verdict"], text) if judged(t, table)
+                             else text)
             print(f"| {defense} | " + " | ".join(cells) + " |")
         print()
 
@@ -240,6 +250,11 @@ def worst_case_verdicts(gamma=0.0) -> None:
     for norm in dict.fromkeys(t["norm"] for t in table):
         group = [t for t in table if t["norm"] == norm and t["worst_acc"] is not None]
         best = max(group, key=lambda t: t["worst_acc"])
+        if not judged(best, table):
+            pairs = min((t["gap_pairs"] for t in group if t["gap_pairs"] is not None), default=1)
+            print(f"- {norm_words(norm)}: highest worst case {best['defense']} ({100 * best['worst_acc']:.1f}); "
+                  f"{too_few(pairs) or 'no other defense'}.")
+            continue
         worse = [t for t in group if t["verdict"] == WORSE]
         text = "; ".join(f"{t['defense']} ({100 * t['worst_acc']:.1f}, gap "
                          f"{100 * t['gap']:.1f} {ci_text(t['gap_low'], t['gap_high'], t['gap_pairs'], 100, 1, 'pair')}"
@@ -272,7 +287,8 @@ def statistics_attacks_table(gamma=0.0) -> None:
                 continue
             text = interval_cell(Estimate(t["seeds"], t["worst_acc"], t["ci_low"], t["ci_high"], t["worst_std"]))
             text = text.replace(" (", f" ({t['worst_short']}, ", 1)
-            cells.append({BEST: f"**{text}**", TIED: f"*{text}*"}.get(t["verdict"], text))
+            cells.append({BEST: f"**{text}**", TIED: f"*{text}*"}.get(t["verdict"], text) if judged(t, table)
+                         else text)
         print(f"| {defense} | " + " | ".join(cells) + " |")
     print()
 

@@ -12,7 +12,8 @@ runs, the confirmation runs of attack searches and the clean runs (`DEFAULT_MATR
 - the worst attack in words, naming each message it touched (gradients, BN mean, BN
   variance), and whether it is the catalogue's or a search's (`worst_kind`, `worst_source`);
 - the verdict within the protocol (robustbn.worst: best, tied for best, or worse, paired
-  over seeds under each defense's worst attack).
+  over seeds under each defense's worst attack), or "n seeds, no verdict" where fewer than
+  robustbn.stats.MIN_PAIRS seeds were paired.
 
 Under it, one line per protocol: "with X, use Y (worst known Z% [a, b]); tied: ...", where Y
 is the best defense (highest pooled worst case) and "tied" lists every defense the paired
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .labels import attack_short, attack_words, hashable, is_attack, norm_order, norm_words
-from .stats import CLIPPED_WORDS, PAIRED_WORDS
+from .stats import CLIPPED_WORDS, MIN_PAIRS, PAIRED_WORDS, too_few
 from .worst import BEST, SEARCHED, TIED, matrix_rows, setting_groups, worst_case
 
 CATALOGUE_MATRIX = "scenarios/worst_case_fmnist.toml"
@@ -104,6 +105,11 @@ def leaderboard(rows: list[dict[str, Any]], gamma: float = 0.0) -> Board:
                               "status": r.get("status"), "attack": attack_short(r), "final_acc": r.get("final_acc"),
                               "source": r.get("source"),
                               "worst": is_attack(r) and attack_words(r) == t["worst_attack"]} for r in runs]})
+    for r in out:  # a verdict on fewer than MIN_PAIRS paired seeds is none (the best's: its fewest pairs)
+        pairs = r["gap_pairs"] if r["gap_pairs"] is not None else min(
+            (o["gap_pairs"] for o in out if o["norm"] == r["norm"] and o["gap_pairs"] is not None), default=None)
+        if r["verdict"] is not None and too_few(pairs):
+            r["verdict"] = too_few(pairs)
     norms = sorted({r["norm"] for r in out}, key=norm_order)
     board = Board(out, [recommendation(norm, [r for r in out if r["norm"] == norm]) for norm in norms],
                   [(p, reason) for p, reason in ABSENT.items() if p not in norms], gamma)
@@ -131,8 +137,10 @@ def recommendation(norm: str, rows: list[dict[str, Any]]) -> str:
     best = max(ranked, key=lambda r: r["worst_acc"])
     tied = [r["defense"] for r in ranked if r is not best and r["verdict"] == TIED]
     seeds = f", {best['seeds']} seeds" if best["seeds"] else ""
-    line = (f"with {norm_words(norm)}, use {best['defense']} (worst known {pct(best['worst_acc'])}% "
-            f"{ci(best['ci_low'], best['ci_high'], best['seeds'])}{seeds}); tied: {', '.join(tied) or 'none'}")
+    known = f"{pct(best['worst_acc'])}% {ci(best['ci_low'], best['ci_high'], best['seeds'])}{seeds}"
+    if best["verdict"] not in (BEST, TIED) and len(ranked) > 1:  # too few paired seeds for a verdict
+        return f"with {norm_words(norm)}, the highest worst case is {best['defense']} ({known}); {best['verdict']}"
+    line = f"with {norm_words(norm)}, use {best['defense']} (worst known {known}); tied: {', '.join(tied) or 'none'}"
     return line if len(ranked) > 1 else line.replace("; tied: none", "; the only defense run")
 
 
@@ -171,7 +179,7 @@ NOTE = (f"Final test accuracy (%). Worst-case accuracy: the lowest mean over see
         f"and the confirmed searched ones; {CLIPPED_WORDS}. Clean accuracy: the same setting with every "
         f"Byzantine channel honest (or f = 0 where marked). Verdict within the protocol: best only where every "
         f"other defense is worse paired over seeds under its own worst attack ({PAIRED}, excludes 0), "
-        f"else tied for best.")
+        f"else tied for best; no verdict on fewer than {MIN_PAIRS} paired seeds.")
 
 
 def markdown(board: Board) -> str:

@@ -12,7 +12,7 @@ docs/tables.py), plots and the worst case read their numbers from here.
   of pairs and the same Student-t interval over the differences (not clipped): what
   `scipy.stats.ttest_rel(b, a).confidence_interval()` gives. Seeds move both settings alike,
   so pairing removes their shared luck. Two settings are told apart only where that interval
-  excludes 0 (`distinct`).
+  excludes 0 (`distinct`); the published pages also want `MIN_PAIRS` paired seeds (`too_few`).
 - **Seeds first**: runs repeating a seed (another device, a rerun) are averaged into that
   seed, so a seed counts once. A run's accuracy is its final test accuracy; a run that
   diverged (status `diverged`, or a final accuracy missing or not finite) counts as 0.0.
@@ -34,6 +34,7 @@ from scipy import stats as st
 from .labels import NOT_SCENARIO, hashable
 
 LEVEL = 0.95
+MIN_PAIRS = 5  # the published pages (docs/results.md, robustbn report) give no verdict on fewer paired seeds
 ACCURACY = (0.0, 1.0)  # accuracies' intervals are clipped to this range
 CI_WORDS = "95% CI: Student t over seeds"
 CLIPPED_WORDS = f"{CI_WORDS}, clipped to [0, 1]"
@@ -114,6 +115,13 @@ def paired(a: dict[Any, float], b: dict[Any, float]) -> Estimate:
 def distinct(d: Estimate) -> bool:
     """Whether a paired difference is told apart from 0: its interval excludes 0."""
     return d.has_interval and (d.low > 0 or d.high < 0)
+
+
+def too_few(n: int | None) -> str | None:
+    """"n seeds, no verdict" where fewer than MIN_PAIRS seeds were paired, else None."""
+    if n is None or n >= MIN_PAIRS:
+        return None
+    return f"{n} seed{'s' * (n != 1)}, no verdict"
 
 
 # ---- over runs ---------------------------------------------------------------------------------

@@ -264,3 +264,18 @@ def test_report_command_bad_input_is_one_line(setup, args, message, capsys):
     assert main(["report", "--db", str(db), *args, *matrices]) == 2
     err = capsys.readouterr().err
     assert err.startswith("robustbn report: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_fewer_than_five_paired_seeds_give_no_verdict(setup):
+    """The same store on seeds 0-3 only: the intervals still exclude 0 for naive BN, but 4 pairs
+    are no verdict on the leaderboard."""
+    db, files = setup
+    with Store(db, readonly=True) as store:
+        rows = [r for r in read_rows(store.rows(), files) if r["seed"] in range(4)]
+    board = leaderboard(rows)
+    assert {r["verdict"] for r in board.rows} == {"4 seeds, no verdict"}
+    v = ACC["naive", "nnm+median", "alie-grad"][:4]
+    low, high = stats.t.interval(0.95, 3, loc=sum(v) / 4, scale=stats.sem(v))
+    assert board.lines[0] == (f"with naive BN, the highest worst case is mean on the gradients, nnm+median on the mean "
+                              f"and variance ({100 * sum(v) / 4:.1f}% [{100 * low:.1f}, {100 * high:.1f}], 4 seeds); "
+                              f"4 seeds, no verdict")
