@@ -251,3 +251,11 @@ def test_pooled_cells_and_the_per_run_export_unchanged(compare_db, capsys):
     header = capsys.readouterr().out.splitlines()[0].split(",")
     assert header[-len(RESULT_COLUMNS) - 1:] == [*RESULT_COLUMNS, "history"] and "ci_low" not in header
     assert "seed" in header
+
+
+def test_too_few_pairs_for_a_verdict():
+    from robustbn.stats import MIN_PAIRS, too_few
+
+    assert MIN_PAIRS == 5
+    assert [too_few(n) for n in (None, 0, 1, 4, 5, 9)] == [None, "0 seeds, no verdict", "1 seed, no verdict",
+                                                           "4 seeds, no verdict", None, None]
