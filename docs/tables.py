@@ -153,15 +153,28 @@ def attack_cell(r, channel) -> str:
 # ---- the leaderboard and the worst case ------------------------------------------------------
 
 @cache
-def matrix_runs(files: tuple[str, ...]) -> tuple[dict, ...]:
+def file_runs(path: str) -> tuple[dict, ...]:
+    """The finished runs of one scenario file, each with `source` (expanding a file is the slow
+    part: once per file)."""
     from robustbn.report import read_rows
 
     cwd = os.getcwd()
     os.chdir(ROOT)  # the files' paths as the page and the tables print them: relative to the repository
     try:
-        return tuple(read_rows(list(rows()), list(files)))
+        return tuple(read_rows(list(rows()), [path]))
     finally:
         os.chdir(cwd)
+
+
+@cache
+def matrix_runs(files: tuple[str, ...]) -> tuple[dict, ...]:
+    """The runs of any of the files, each once, with the first file that holds it (as
+    robustbn.worst.matrix_rows)."""
+    out = {}
+    for path in files:
+        for r in file_runs(path):
+            out.setdefault(r["hash"], r)
+    return tuple(out.values())
 
 
 def board_files() -> tuple[str, ...]:
