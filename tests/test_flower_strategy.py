@@ -183,3 +183,25 @@ def test_no_reply_left_keeps_the_global_model(caplog):
     with caplog.at_level(logging.WARNING, logger="flwr"):
         assert strategy.aggregate_train(2, [reply(malformed("nan", replies_of(model, 1)[0]), 0)]) == (None, None)
     assert caplog.records[-1].getMessage() == "RobustStrategy: round 2: no reply to aggregate: the global model stays"
+
+
+def test_too_few_replies_for_the_rule_keep_the_global_model(caplog):
+    """Krum needs n > 2f + 2 even at f = 0: two replies of five cannot be aggregated by it."""
+    model = plain_model()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        strategy = flower.RobustStrategy(model, n=5, f=1, grad_agg="krum")
+        strategy.sent(ArrayRecord(model.state_dict()))
+        assert strategy.aggregate_train(1, [reply(s, i) for i, s in enumerate(replies_of(model, 2))]) == (None, None)
+    assert caplog.records[-1].getMessage().startswith("RobustStrategy: round 1: 2 replies kept: krum")
+    assert caplog.records[-1].getMessage().endswith("; the global model stays")
+
+
+def test_metrics_a_client_made_up_are_logged_not_a_crash(caplog):
+    model = plain_model()
+    strategy = flower.RobustStrategy(model, n=3)
+    strategy.sent(ArrayRecord(model.state_dict()))
+    bad = [reply(s, i, **{flower.LOSSES: [0.5, 0.4][: i + 1]}) for i, s in enumerate(replies_of(model, 3))]  # ragged
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        arrays, metrics = strategy.aggregate_train(1, bad)
+    assert arrays is not None and metrics is None
+    assert caplog.records[-1].getMessage().startswith("RobustStrategy: the replies' metrics are not aggregated: ")

@@ -246,18 +246,19 @@ class RobustStrategy(FedAvg):
 
     def _train_metrics(self, honest: list[Message]) -> MetricRecord | None:
         """The honest replies' training loss (robustbn's clients), else their own metrics as
-        FedAvg aggregates them (the forged replies' left out)."""
-        self.last_losses = [list(_metric(m, LOSSES)) for m in honest if _metric(m, LOSSES) is not None]
-        if self.last_losses:
-            return MetricRecord({"train_loss": float(torch.tensor(self.last_losses).mean())})
-        if honest and all(_metric(m, self.weighted_by_key) is not None for m in honest):
-            try:
+        FedAvg aggregates them (the forged replies' left out). A reply's metrics are the
+        client's: ones that cannot be aggregated are logged, never the server's crash."""
+        try:
+            self.last_losses = [list(_metric(m, LOSSES)) for m in honest if _metric(m, LOSSES) is not None]
+            if self.last_losses:
+                return MetricRecord({"train_loss": float(torch.tensor(self.last_losses).mean())})
+            if honest and all(_metric(m, self.weighted_by_key) is not None for m in honest):
                 metrics = self.train_metrics_aggr_fn([m.content for m in honest], self.weighted_by_key)
-            except Exception as e:  # a reply's metrics are the client's: never the server's crash
-                log(WARNING, "RobustStrategy: the replies' metrics are not aggregated: %s", e)
-                return None
-            metrics.pop(PARTITION, None)  # an identity, not a metric
-            return metrics
+                metrics.pop(PARTITION, None)  # an identity, not a metric
+                return metrics
+        except Exception as e:
+            self.last_losses = []
+            log(WARNING, "RobustStrategy: the replies' metrics are not aggregated: %s", e)
         return None
 
 
