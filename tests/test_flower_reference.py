@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 pytest.importorskip("flwr")
-from flwr.app import ArrayRecord, RecordDict  # noqa: E402
+from flwr.app import ArrayRecord  # noqa: E402
 from flwr.serverapp.strategy import Bulyan, FedMedian, FedTrimmedAvg, Krum, MultiKrum  # noqa: E402
 from flwr.serverapp.strategy.bulyan import aggregate_n_closest_weights  # noqa: E402
 from flwr.serverapp.strategy.multikrum import select_multikrum  # noqa: E402
