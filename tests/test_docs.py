@@ -1,8 +1,10 @@
 """Docs that cannot go stale: every fenced `robustbn ...` command in README.md, docs/ and the
 examples' READMEs, and every example in the commands' own --help, parses with the real
-argument parser (nothing runs); every relative link and image in them resolves, anchors
-included."""
+argument parser (nothing runs; flags spelt out, `--where`/`--compare`/`--set` keys scenario
+fields); a command in prose names a real command and its real flags; every relative link and
+image in them resolves, anchors included."""
 
+import argparse
 import contextlib
 import io
 import re
@@ -12,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from robustbn.cli import build_parser
+from robustbn.cli.common import UsageError, parse_where
+from robustbn.matrix import FIELDS, MatrixError, parse_override
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "docs" / "guide").glob("*.md"),
@@ -60,15 +64,36 @@ def commands(line: str) -> list[list[str]]:
     return [c[1:] for c in found if c and Path(c[0]).name == "robustbn"]
 
 
+def strict_parser() -> argparse.ArgumentParser:
+    """The real parser with abbreviated flags refused, in every command: a doc spells each flag
+    out (`--worst` parses as `--worst-case` today, and fails the day another flag starts so).
+    Users may still abbreviate."""
+    ap = build_parser()
+    for parser in [ap, *ap.commands.values()]:
+        parser.allow_abbrev = False
+    return ap
+
+
 def parse(argv: list[str]) -> str | None:
-    """None when the parser accepts argv (or it asks for --help or --version), else its message."""
+    """None when the parser accepts argv (or it asks for --help or --version) and every
+    `--where`, `--compare` and `--set` names a scenario field, else the message."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            build_parser().parse_args(argv)
+            args = strict_parser().parse_args(argv)
     except SystemExit as e:
         if e.code not in (0, None):
             return err.getvalue().strip() or f"exit status {e.code}"
+        return None
+    try:  # what the command checks first, before it opens a store or a file
+        parse_where(getattr(args, "where", None) or [])
+        parse_where(getattr(args, "compare", None) or [], "--compare")
+        for text in getattr(args, "set", None) or []:
+            key, _ = parse_override(text)
+            if key not in FIELDS:
+                return f"--set {key}: not a scenario field"
+    except (UsageError, MatrixError) as e:
+        return str(e)
     return None
 
 
@@ -89,6 +114,31 @@ def test_every_documented_command_parses(argv, request):
     where = request.node.callspec.id
     problem = parse(argv)
     assert problem is None, f"{where}: robustbn {shlex.join(argv)}: {problem}"
+
+
+INLINE = re.compile(r"`(?:\S*/)?robustbn ([a-z][\w-]*)([^`\n]*)`")
+FLAG = re.compile(r"(?<![\w-])--[a-z][\w-]*")
+
+
+def inline_problems(path: Path) -> list[str]:
+    """Commands in prose (`robustbn merge --db TARGET STORE...`) are synopses, not command lines:
+    each names a command, and each of its flags is one of that command's, spelt out."""
+    text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), path.read_text())
+    commands, problems = strict_parser().commands, []
+    for m in INLINE.finditer(text):
+        where = f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
+        if m.group(1) not in commands:
+            problems.append(f"{where}: no command {m.group(1)}")
+            continue
+        options = commands[m.group(1)]._option_string_actions
+        problems += [f"{where}: robustbn {m.group(1)} has no {flag}" for flag in FLAG.findall(m.group(2))
+                     if flag not in options]
+    return problems
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_command_in_prose_names_real_flags(path):
+    assert inline_problems(path) == []
 
 
 def help_examples():
@@ -131,6 +181,35 @@ def test_continuation_lines_are_joined_and_a_bad_flag_is_caught():
     assert parse(commands(lines[0][1])[0]) is None
     assert "unrecognized arguments: --wehre" in parse(commands(lines[1][1])[0])
     assert "invalid choice" in parse(["plot", "bars", "--out", "a.png"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["results", "--worst", "--where", "gamma=0.0"], "unrecognized arguments: --worst"),  # users may; docs may not
+    (["run", "a.toml", "--job", "2"], "unrecognized arguments: --job"),
+    (["results", "--where", "gama=0.0"], "--where gama: not a scenario field"),
+    (["results", "--compare", "bnagg=mean", "bn_agg=nnm+median"], "--compare bnagg: not a scenario field"),
+    (["list", "a.toml", "--set", "round=100"], "--set round: not a scenario field"),
+    (["run", "a.toml", "--set", "rounds"], "expected key=value"),
+])
+def test_an_abbreviated_flag_or_an_unknown_field_is_caught(argv, message):
+    assert message in parse(argv)
+
+
+def test_users_may_still_abbreviate():
+    """Only the docs are held to full flags: the command itself behaves as before."""
+    assert build_parser().parse_args(["results", "--worst"]).worst_case is True
+
+
+def test_commands_in_prose_are_checked(tmp_path, monkeypatch):
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    page = tmp_path / "a.md"
+    page.write_text("`robustbn merge --db TARGET STORE...` and `robustbn run` and `robustbn.run(sc)`\n"
+                    "```bash\nrobustbn plot --nope\n```\n"
+                    "`robustbn results --worst --status done` `robustbn mrege x` `.venv/bin/robustbn list f --sets x`\n")
+    assert inline_problems(page) == [
+        "a.md:5: `robustbn results --worst --status done`: robustbn results has no --worst",
+        "a.md:5: `robustbn mrege x`: no command mrege",
+        "a.md:5: `.venv/bin/robustbn list f --sets x`: robustbn list has no --sets"]
 
 
 # ---- links ------------------------------------------------------------------------------

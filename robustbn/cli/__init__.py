@@ -11,7 +11,7 @@ command's parser (help, description, examples) and the function it runs. The con
   `robustbn --help` stays quick;
 - its name goes into COMMANDS below, which is the order of `robustbn --help`.
 
-Shared helpers (the usage error, `--where`/`--matrix`, the text table) are in `common`.
+Shared helpers (the usage error, the parser class, `--where`, the text table) are in `common`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  robustbn plot heatmap --out results/heatmap.png\n  robustbn toy --out results/toy.png")
     ap.add_argument("--version", action="version", version=f"robustbn {__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
-    ap.commands = sub.choices  # name -> subparser: an unknown option is reported by its command's
+    ap.commands = sub.choices  # name -> subparser: main() reports an unknown option by its command's parser
     for name in COMMANDS:
         import_module(f"{__name__}.{name}").register(sub)
     return ap

@@ -1,5 +1,5 @@
 """What the commands of `robustbn` share: the one-line usage error, the parser class, the
-`--where`/`--matrix` filters, the plain-text table and the store's default path."""
+`--where` filters, the plain-text table and the store's default path."""
 
 from __future__ import annotations
 
@@ -47,8 +47,6 @@ def fail_cleanly(fn):
 
 WHERE_HELP = ("keep the runs whose scenario field KEY equals VALUE; a list is any of its values "
               "(--where 'n=[4,5]', --where 'norm=[fbn,naive]'); repeatable, every filter must hold")
-MATRIX_HELP = ("keep only the runs of this scenario or matrix file, at any seed, on any device and by either "
-               "engine (e.g. the matrix's worst case without an attack search's trials that share its settings)")
 
 
 def parse_where(pairs: list[str], flag: str = "--where") -> list[tuple[str, list]]:
@@ -65,18 +63,13 @@ def parse_where(pairs: list[str], flag: str = "--where") -> list[tuple[str, list
     return where
 
 
-def matching_rows(store, pairs: list[str], status=None, matrix: str | None = None) -> list[dict]:
-    """The store's runs (`Store.rows`) that every `--where` of `pairs` keeps, and with
-    `--matrix FILE` only the runs of that scenario file (any seed)."""
-    from ..matrix import MatrixError, runs_of
+def matching_rows(store, pairs: list[str], status=None) -> list[dict]:
+    """The store's runs (`Store.rows`) that every `--where` of `pairs` keeps (`--matrix`:
+    results.selected_rows)."""
     from ..store import _same
 
     where = parse_where(pairs)
-    rows = [r for r in store.rows(status=status) if all(any(_same(r.get(k), v) for v in values) for k, values in where)]
-    try:
-        return runs_of(matrix, rows) if matrix else rows
-    except MatrixError as e:
-        raise UsageError(f"--matrix {e}") from None
+    return [r for r in store.rows(status=status) if all(any(_same(r.get(k), v) for v in values) for k, values in where)]
 
 
 def check_image_path(out: str, flag: str = "--out") -> None:
