@@ -172,3 +172,21 @@ def test_only_the_flower_bridge_imports_flwr():
                 if any(name == "flwr" or name.startswith("flwr.") for name in names):
                     importers.add(_module_name(path, ROOT))
     assert importers and all(m == "robustbn.flower" or m.startswith("robustbn.flower.") for m in importers), importers
+
+
+def test_the_rule_kit_runs_without_attacks_or_robustbn():
+    """What the AST cannot see (an `importlib.import_module("attacks")`): every module of
+    aggregators imported and the property kit run on a pipeline, in a fresh interpreter, load
+    neither attacks nor robustbn."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, pkgutil, sys, aggregators\n"
+            "for m in pkgutil.iter_modules(aggregators.__path__):\n"
+            "    importlib.import_module('aggregators.' + m.name)\n"
+            "from aggregators.testing import check\n"
+            "assert all(o.status != 'failed' for o in check('nnm+median', f=1, examples=3))\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'attacks', 'robustbn'}))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
