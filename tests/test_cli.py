@@ -45,3 +45,31 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     p.stdout.readline()
     p.stdout.close()
     assert p.wait(timeout=60) == 0 and p.stderr.read() == b""
+
+
+def test_one_module_per_command():
+    """robustbn/cli/ holds the entry point, `common` and one module per command: each module is
+    in COMMANDS and registers exactly its own command, which runs a function of that module."""
+    import argparse
+    from importlib import import_module
+
+    from robustbn import cli
+
+    modules = {p.stem for p in Path(cli.__file__).parent.glob("*.py")} - {"__init__", "__main__", "common"}
+    assert modules == set(cli.COMMANDS)
+    for name in cli.COMMANDS:
+        module = import_module(f"robustbn.cli.{name}")
+        sub = argparse.ArgumentParser().add_subparsers()
+        module.register(sub)
+        command = name.rstrip("_").replace("_", "-")
+        assert list(sub.choices) == [command], name
+        assert sub.choices[command].get_default("run").__module__ == module.__name__, name
+    assert list(build_parser().commands) == [n.rstrip("_").replace("_", "-") for n in cli.COMMANDS]
+
+
+def test_the_parser_loads_no_torch():
+    """Every command module imports torch, the store and the engine inside its function, so that
+    `robustbn --help` and a usage error stay quick."""
+    code = "import sys, robustbn.cli; robustbn.cli.build_parser(); print('torch' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr

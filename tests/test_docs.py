@@ -18,8 +18,8 @@ from robustbn.cli.common import UsageError, parse_where
 from robustbn.matrix import FIELDS, MatrixError, parse_override
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "docs" / "guide").glob("*.md"),
-               *(ROOT / "examples").glob("*/README.md")])
+DOCS = sorted([ROOT / "README.md", *(p for folder in ("docs", "examples") for p in (ROOT / folder).rglob("*.md")
+                                     if not any(part.startswith(".") for part in p.relative_to(ROOT).parts))])
 SHELL = {"bash", "sh", "shell", "console", "zsh"}
 FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```", re.S | re.M)
 OPERATORS = {"|", "||", "&&", ";", "&", ">", ">>", "<", "2>", "&>"}

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -26,6 +27,7 @@ class Parser(argparse.ArgumentParser):
 def fail_cleanly(fn):
     """A command function whose user errors (and a store that broke after it opened) print one
     line, `robustbn COMMAND: ...`, and return 2."""
+    @functools.wraps(fn)
     def wrapper(args):
         import sqlite3
 
