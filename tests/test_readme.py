@@ -36,3 +36,15 @@ def test_the_tour_runs_as_written(tmp_path):
     said = int(re.search(r"this one into (\d+) runs", text).group(1))
     (tmp_path / "tour.toml").write_text(toml)
     assert len(load(tmp_path / "tour.toml", [])[1]) == said
+
+
+def test_the_readme_stays_a_landing_page_with_every_guide_page_linked():
+    """Under 200 lines; the rest is in docs/guide/, whose every page the README and the guide's
+    index link (a page nobody links is a page nobody finds)."""
+    text = README.read_text()
+    assert len(text.splitlines()) < 200
+    index = (ROOT / "docs" / "guide" / "README.md").read_text()
+    for page in sorted((ROOT / "docs" / "guide").glob("*.md")):
+        if page.name != "README.md":
+            assert f"(docs/guide/{page.name})" in text, f"README.md does not link docs/guide/{page.name}"
+            assert f"]({page.name})" in index, f"docs/guide/README.md does not link {page.name}"
