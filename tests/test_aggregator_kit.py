@@ -21,7 +21,7 @@ PIPELINES = ["nnm+median", "nnm+trmean", "nnm+krum", "bucketing+cc", "clipping+m
 SPECS = sorted(aggregators.AGGREGATORS) + [f"{p}+mean" for p in sorted(aggregators.PRE_AGGREGATORS)] + PIPELINES
 # NNM's rows satisfy exact linear identities, so the neighbours, Krum's scores or meamed's window
 # after it can rest on a tie that rounding decides: the order of the rows may then change the
-# output, or a shift or scale change it (README, the property kit). These comparisons can fail on
+# output, or a shift or scale change it (docs/guide/aggregators.md, the property kit). These comparisons can fail on
 # such draws (whether one does depends on the rounding of the machine's BLAS), so they are not run
 # there (a failure would be shrunk for tens of seconds and tell nothing); every other property must hold.
 TIES = {"permutation invariance", "translation equivariance", "positive-scale equivariance",
