@@ -583,6 +583,23 @@ def time_table() -> None:
     print()
 
 
+ISSUE30 = (
+    ("the leaderboard's clean runs", lambda r: r["rounds"] == 150 and r["f"] == 3 and touched(r) == "none"
+     and r["grad_attack"] in NOT_ATTACKS),
+    ("seeds 2-4 of Figures 3 and 4", lambda r: cpu_schedule(r) and r["seed"] in (2, 3, 4)),
+    ("seeds 1-4 of seeds 003 and 004's settings", lambda r: r["algorithm"] == "fedavg" and r["seed"] in (1, 2, 3, 4)),
+)
+
+
+def issue30_time() -> None:
+    """The runs issue 30 added, and their CPU hours."""
+    parts = []
+    for name, pred in ISSUE30:
+        mine = [r for r in rows() if pred(r)]
+        parts.append(f"{name}: {len(mine)} runs, {math.fsum(r['wall_time_s'] or 0 for r in mine) / 3600:.1f} CPU hours")
+    print("Issue 30's runs: " + "; ".join(parts) + ".")
+
+
 def count() -> str:
     return str(len(rows()))
 
