@@ -219,7 +219,7 @@ NAME = re.compile(r"`@?((?:aggregators|attacks|robustbn)(?:\.[A-Za-z_]\w*)+)(?:\
 # docs/results.md and docs/performance.md join once their stale names are fixed (results.md:586
 # `aggregators.testing.measure_kappa`, now robustbn.kappa; performance.md:79 `robustbn.norm.HybridNorm`,
 # now robustbn.protocols.hbn)
-NAMED = [p for p in DOCS if p.relative_to(ROOT).as_posix() not in {"docs/results.md", "docs/performance.md"}]
+NAMED = DOCS
 
 
 def resolves(name: str) -> bool:

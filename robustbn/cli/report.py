@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .common import DEFAULT_DB, RAW, UsageError, fail_cleanly
+from .common import DEFAULT_DB, RAW, WHERE_HELP, UsageError, fail_cleanly
 
 
 def register(sub) -> None:
@@ -37,6 +37,8 @@ def register(sub) -> None:
     p.add_argument("--matrix", metavar="FILE", action="append", default=[],
                    help="read the runs of this scenario file (repeatable; replaces the default files); an "
                         "attack search's confirmation file (searched_worst_*.toml) holds searched attacks")
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                   help=WHERE_HELP + "; e.g. --where 'seed=[0,1,2,3,4]' keeps every attack of a cell on the same seeds")
     p.add_argument("--gamma", type=float, default=0.0, help="the heterogeneity of the leaderboard (default 0)")
     p.set_defaults(run=cmd_report)
 
@@ -58,7 +60,7 @@ def cmd_report(args) -> int:
         raise UsageError("no matrix files: scenarios/worst_case_fmnist.toml is not under the current directory; "
                          "give --matrix FILE")
     with Store(args.db, readonly=True) as store:
-        rows = selected_rows(store, [], FINISHED, matrices)
+        rows = selected_rows(store, args.where, FINISHED, matrices)
     board = leaderboard(rows, args.gamma)
     if not board.rows:
         raise UsageError(f"no finished attacked runs of {', '.join(matrices)} at gamma = {args.gamma} in {args.db}")
