@@ -57,3 +57,30 @@ def test_few_seeds_get_no_verdict():
     assert tables.verdict(interval([0.10, 0.11, 0.12, 0.10, 0.11])) == "higher"
     assert tables.verdict(interval([-0.10, -0.11, -0.12, -0.10, -0.11])) == "lower"
     assert tables.verdict(interval([0.10, -0.11, 0.12, -0.10, 0.01])) == "tied"
+
+
+def test_a_comparison_on_too_few_seeds_is_named_not_quoted(capsys):
+    """A findings block quotes a comparison only on MIN_PAIRS paired seeds (3 where the block
+    says so: the paper's schedule); the others are named, with their seed count, and no number."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    import tables
+
+    run = lambda seed, acc: {"seed": seed, "final_acc": acc, "status": "done"}
+    five_a = [run(s, 0.70 + 0.01 * s) for s in range(5)]
+    five_b = [run(s, 0.60 + 0.012 * s) for s in range(5)]
+
+    @tables.findings
+    def block():
+        tables.compare("B on five seeds", five_b, five_a)
+        tables.compare("B on two seeds", five_b[:2], five_a)
+        tables.compare("B on three seeds, long schedule", five_b[:3], five_a, min_pairs=tables.LONG_MIN_PAIRS)
+
+    block()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith("- B on five seeds:") and "(5 pairs; lower)" in lines[0]
+    assert lines[1].startswith("- B on three seeds, long schedule:") and "(3 pairs; lower)" in lines[1]
+    assert lines[2].startswith("- Not quoted") and "B on two seeds (2 of 5 seeds run)" in lines[2]
+    assert "60." not in lines[2] and "70." not in lines[2]
+    block()  # the list of cut comparisons is the block's own: a second block starts empty
+    assert capsys.readouterr().out.count("B on two seeds") == 1
