@@ -113,6 +113,19 @@ $RUN scenarios/fbn_fig4_fmnist.toml --set gamma=0.0 --set norm=naive --set f=3 -
   --set bn_var_attack=honest --set bn_agg=nnm+median --set 'seed=[0,1,2,3,4]'
 $RUN scenarios/fbn_scale_fmnist.toml --set 'bn_var_attack=["none","sf"]' --set 'seed=[0,1,2,3,4]'
 $RUN scenarios/fbn_gap_cause_fmnist.toml --set 'seed=[0,1,2,3,4]'
+F4="scenarios/fbn_fig4_fmnist.toml --set gamma=0.01 --set f=3 --set bn_var_attack=honest --set seed=[0,1,2,3,4]"
+$RUN scenarios/fbn_fig4_control_fmnist.toml --set gamma=0.01 --set 'seed=[0,1,2,3,4]'
+$RUN $F4 --set 'norm=["naive","fbn"]' --set bn_mean_attack=sf --set bn_agg=mean
+$RUN $F4 --set norm=naive --set 'bn_mean_attack=["foe","alie"]' --set bn_agg=mean
+$RUN $F4 --set norm=naive --set bn_mean_attack=sf --set bn_agg=nnm+median
+$RUN scenarios/fbn_central_gap_fmnist.toml --set 'seed=[0,1,2]'
+$RUN scenarios/fedtan_paper_schedule_fmnist.toml --set 'seed=[0,1,2]'
+$RUN scenarios/fbn_central_gap_fmnist.toml --set n=10 --set batch_size=50 --set norm=fbn --set f=3 \
+  --set 'bn_attack=["sf","none"]' --set 'seed=[0,1,2]'
+$RUN scenarios/fbn_central_gap_fmnist.toml --set n=10 --set batch_size=50 --set norm=none --set f=3 --set bn_attack=none \
+  --set 'seed=[0,1,2]'
+$RUN scenarios/fbn_fig3_fmnist.toml --set 'gamma=[0.0, 0.1, 0.5, 1.0]' \
+  --set 'norm=["naive","fbn","fixbn","hbn","gn","central"]' --set 'seed=[0,1,2,3,4]'
 # the worst case over the catalogue and the confirmed searched attacks (--matrix: each file's runs at
 # any seed, without the searches' trials; the heatmap marks a searched worst attack)
 SEARCHED_FILES=$(for f in scenarios/searched_worst_*.toml; do printf -- ' --matrix %s' "$f"; done)
