@@ -394,16 +394,28 @@ def attacks_table(gamma) -> None:
     pivot(runs, lambda r: f"{r['norm']}, {setting_defense_words(r)}", attack_short)
 
 
+def setting(r) -> str:
+    """A run's setting: its scenario without the attack fields and the seed."""
+    from robustbn.matrix import FIELDS
+    from robustbn.worst import ATTACK_KEYS, NOT_SETTING
+
+    return json.dumps({k: v for k, v in r.items() if k in FIELDS and k not in ATTACK_KEYS and k not in NOT_SETTING},
+                      sort_keys=True, default=str)
+
+
+def same_attack(r, t) -> bool:
+    """Whether run `r` ran the worst attack of worst-case cell `t`."""
+    from robustbn.labels import hashable
+    from robustbn.worst import ATTACK_FIELDS
+
+    return all(hashable(r[k]) == hashable(t[f"worst_{k}"]) for k in ATTACK_FIELDS)
+
+
 def searched_against_catalogue() -> None:
     """Per searched cell: the catalogue's worst attack against the searched one, both on seeds
     0-9, paired; the verdict from seeds 1-9, which the search never saw."""
-    from robustbn.labels import hashable
-    from robustbn.matrix import FIELDS
-    from robustbn.worst import ATTACK_FIELDS, ATTACK_KEYS, NOT_SETTING, worst_case
+    from robustbn.worst import worst_case
 
-    setting = lambda r: json.dumps({k: v for k, v in r.items() if k in FIELDS and k not in ATTACK_KEYS
-                                    and k not in NOT_SETTING}, sort_keys=True, default=str)
-    same_attack = lambda r, t: all(hashable(r[k]) == hashable(t[f"worst_{k}"]) for k in ATTACK_FIELDS)
     every_seed = list(matrix_runs((WORST_CASE_MATRIX,)))
     print("| defense | catalogue worst (attack) | searched attack | searched - catalogue, seeds 1-9 | "
           "searched - catalogue, seeds 5-9 |")
@@ -429,13 +441,9 @@ def held_out_searches() -> None:
     """Per search tuned on seeds of its own (issue 29: every defense best or tied for best): what
     it found, that attack confirmed on the held-out seeds 0-4, and the catalogue's worst on the
     same seeds, paired; the search's cost is its trial runs' CPU time."""
-    from robustbn.labels import hashable, norm_words
-    from robustbn.matrix import FIELDS
-    from robustbn.worst import ATTACK_FIELDS, ATTACK_KEYS, NOT_SETTING, worst_case
+    from robustbn.labels import norm_words
+    from robustbn.worst import worst_case
 
-    setting = lambda r: json.dumps({k: v for k, v in r.items() if k in FIELDS and k not in ATTACK_KEYS
-                                    and k not in NOT_SETTING}, sort_keys=True, default=str)
-    same_attack = lambda r, t: all(hashable(r[k]) == hashable(t[f"worst_{k}"]) for k in ATTACK_FIELDS)
     catalogue = [r for r in matrix_runs((WORST_CASE_MATRIX,)) if r["seed"] in BOARD_SEEDS]
     cpu = {r["hash"]: r["wall_time_s"] or 0.0 for r in rows()}
     print("| protocol, defense | trials (proposals) | CPU hours | worst found on the search's seeds | "
