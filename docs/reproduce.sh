@@ -126,6 +126,16 @@ $RUN scenarios/fbn_central_gap_fmnist.toml --set n=10 --set batch_size=50 --set 
   --set 'seed=[0,1,2]'
 $RUN scenarios/fbn_fig3_fmnist.toml --set 'gamma=[0.0, 0.1, 0.5, 1.0]' \
   --set 'norm=["naive","fbn","fixbn","hbn","gn","central"]' --set 'seed=[0,1,2,3,4]'
+# every cell of the Figure 3 and 4 tables on 5 seeds (3 at T = 1500)
+$RUN scenarios/fbn_fig4_fmnist.toml --set 'seed=[0,1,2,3,4]'
+$RUN scenarios/fbn_fig4_paper_schedule_fmnist.toml --set 'seed=[0,1,2]'
+$RUN scenarios/fbn_fig4_paper_schedule_fmnist.toml --set bn_agg=mean --set bn_mean_attack=none --set bn_var_attack=none \
+  --set 'seed=[0,1,2]'
+$RUN scenarios/fedtan_fig4_fmnist.toml --set 'seed=[0,1,2,3,4]'
+$RUN scenarios/fbn_scale_fmnist.toml --set 'seed=[0,1,2,3,4]'
+$RUN scenarios/fbn_fig4_variance_fmnist.toml --set 'seed=[0,1,2,3,4]'
+$RUN scenarios/fbn_fig3_fmnist.toml --set 'seed=[0,1,2,3,4]'
+$RUN scenarios/fbn_fig4_both_fmnist.toml --set 'seed=[0,1,2,3,4]'
 # the worst case over the catalogue and the confirmed searched attacks (--matrix: each file's runs at
 # any seed, without the searches' trials; the heatmap marks a searched worst attack)
 SEARCHED_FILES=$(for f in scenarios/searched_worst_*.toml; do printf -- ' --matrix %s' "$f"; done)

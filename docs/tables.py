@@ -534,6 +534,8 @@ def fig3_findings() -> None:
     compare("naive BN at gamma = 0 against gamma = 1", fig3("naive", 0.0), fig3("naive", 1.0))
     compare("FBN at gamma = 0 against gamma = 1", fig3("fbn", 0.0), fig3("fbn", 1.0))
     compare("FBN against naive BN, gamma = 0, no attack (10 honest)", fig3("fbn", 0.0), fig3("naive", 0.0))
+    for gamma in (0.1, 0.5, 1.0):  # seed 002's Figure 3: naive BN catches up as the clients' data mix
+        compare(f"FBN against naive BN, gamma = {gamma}", fig3("fbn", gamma), fig3("naive", gamma))
     compare("HBN against centralized BN, gamma = 0", fig3("hbn", 0.0), fig3("central", 0.0))
     print("- FBN against centralized BN: under \"Where this disagrees with seed 002\" below.")
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .labels import attack_short, attack_words, hashable, is_attack, norm_order, norm_words
-from .stats import CLIPPED_WORDS, MIN_PAIRS, PAIRED_WORDS, too_few
+from .stats import CLIPPED_PERCENT_WORDS, MIN_PAIRS, PAIRED_WORDS, too_few
 from .worst import BEST, SEARCHED, TIED, matrix_rows, setting_groups, worst_case
 
 CATALOGUE_MATRIX = "scenarios/worst_case_fmnist.toml"
@@ -176,7 +176,7 @@ def rows_json(board: Board) -> list[dict[str, Any]]:
 
 PAIRED = PAIRED_WORDS.replace("95% CI: ", "the 95% interval, ")
 NOTE = (f"Final test accuracy (%). Worst-case accuracy: the lowest mean over seeds among the catalogue's attacks "
-        f"and the confirmed searched ones; {CLIPPED_WORDS}. Clean accuracy: the same setting with every "
+        f"and the confirmed searched ones; {CLIPPED_PERCENT_WORDS}. Clean accuracy: the same setting with every "
         f"Byzantine channel honest (or f = 0 where marked). Verdict within the protocol: best only where every "
         f"other defense is worse paired over seeds under its own worst attack ({PAIRED}, excludes 0), "
         f"else tied for best; no verdict on fewer than {MIN_PAIRS} paired seeds.")

@@ -38,6 +38,7 @@ MIN_PAIRS = 5  # the published pages (docs/results.md, robustbn report) give no 
 ACCURACY = (0.0, 1.0)  # accuracies' intervals are clipped to this range
 CI_WORDS = "95% CI: Student t over seeds"
 CLIPPED_WORDS = f"{CI_WORDS}, clipped to [0, 1]"
+CLIPPED_PERCENT_WORDS = f"{CI_WORDS}, clipped to [0, 100]"  # the same, where accuracies print in %
 PAIRED_WORDS = "95% CI: Student t over the paired differences"
 
 
