@@ -135,6 +135,7 @@ $RUN scenarios/fedtan_fig4_fmnist.toml --set 'seed=[0,1,2,3,4]'
 $RUN scenarios/fbn_scale_fmnist.toml --set 'seed=[0,1,2,3,4]'
 $RUN scenarios/fbn_fig4_variance_fmnist.toml --set 'seed=[0,1,2,3,4]'
 $RUN scenarios/fbn_fig3_fmnist.toml --set 'seed=[0,1,2,3,4]'
+$RUN scenarios/fbn_fig3_fmnist.toml --set 'gamma=[0.1, 0.5]' --set norm=fedbn --set 'seed=[0,1,2,3,4]'
 $RUN scenarios/fbn_fig4_both_fmnist.toml --set 'seed=[0,1,2,3,4]'
 # the worst case over the catalogue and the confirmed searched attacks (--matrix: each file's runs at
 # any seed, without the searches' trials; the heatmap marks a searched worst attack)

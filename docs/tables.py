@@ -514,6 +514,29 @@ def fig4_findings() -> None:
             mean_attack("fedtan", 0.0, "sf"), control("fedtan", 0.0))
 
 
+def stats_attack(norm, kind, attack, agg="mean"):
+    """gamma = 0, f = 3 attacking both BN messages alike (`both`) or the variances alone, each
+    BN channel aggregated by `agg`."""
+    return sel(lambda r: cpu_schedule(r) and touched(r) == kind, norm=norm, gamma=0.0, f=3, grad_attack="none",
+               bn_var_attack=attack, bn_mean_agg=agg, bn_var_agg=agg)
+
+
+@findings
+def fig4_extension_findings() -> None:
+    """The testbed's extension of Figure 4: both BN messages attacked alike, or the variances alone."""
+    for norm, name in (("naive", "naive BN"), ("fbn", "FBN")):
+        for attack in ("sf", "foe", "alie"):
+            compare(f"{name}, gamma = 0.0, {attack.upper()} on both statistics, undefended, against no attack "
+                    "(7 honest)", stats_attack(norm, "both", attack), control(norm, 0.0))
+        compare(f"{name}, gamma = 0.0, SF on both statistics under nnm+median, against no attack (7 honest)",
+                stats_attack(norm, "both", "sf", "nnm+median"), control(norm, 0.0))
+        for attack, words in (("sf", "SF"), ("scale", "deflation (scale, factor 1e-6)")):
+            compare(f"{name}, gamma = 0.0, {words} on the variances, undefended, against no attack (7 honest)",
+                    stats_attack(norm, "variance", attack), control(norm, 0.0))
+            compare(f"{name}, gamma = 0.0, {words} on the variances under nnm+median, against no attack (7 honest)",
+                    stats_attack(norm, "variance", attack, "nnm+median"), control(norm, 0.0))
+
+
 def fig3(norm, gamma):
     return sel(cpu_schedule, norm=norm, gamma=gamma, f=0, bn_mean_agg="mean")
 
@@ -724,7 +747,7 @@ def count() -> str:
 
 
 SECTIONS = ("leaderboard", "worst_case_tables", "worst_case_verdicts", "searched_against_catalogue",
-            "fig4_findings", "fig3_table", "fig3_findings", "gap_table", "gap_findings", "fedtan_findings",
+            "fig4_findings", "fig4_extension_findings", "fig3_table", "fig3_findings", "gap_table", "gap_findings", "fedtan_findings",
             "scale_table", "scale_findings", "seed003_findings", "seed004_findings", "disagreements", "time_table")
 
 
