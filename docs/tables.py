@@ -604,6 +604,22 @@ def paper_schedule_table() -> None:
           .get(touched(r), touched(r)) + ("" if touched(r) == "none" else f" / {r['bn_mean_agg']}"))
 
 
+def paper_schedule(norm, kind, agg="mean"):
+    """The paper's schedule's f = 3 runs (T = 1500): the BN means attacked with SF (`mean`), or none."""
+    return sel(lambda r: r["rounds"] == 1500 and r["n"] == 10 and r["batch_size"] == 50 and touched(r) == kind
+               and (kind == "none" or r["bn_mean_attack"] == "sf"), norm=norm, gamma=0.0, f=3, bn_mean_agg=agg)
+
+
+@findings
+def paper_schedule_findings() -> None:
+    for norm, name in (("naive", "naive BN"), ("fbn", "FBN")):
+        for agg, words in (("mean", "undefended"), ("nnm+median", "under nnm+median")):
+            compare(f"T = 1500: {name}, SF on the means, {words}, against no attack (7 honest)",
+                    paper_schedule(norm, "mean", agg), paper_schedule(norm, "none"), min_pairs=LONG_MIN_PAIRS)
+    compare("T = 1500: FBN against naive BN, no attack (7 honest)", paper_schedule("fbn", "none"),
+            paper_schedule("naive", "none"), min_pairs=LONG_MIN_PAIRS)
+
+
 def gap_rows():
     return sel(lambda r: r["algorithm"] == "dsgd" and r["partition"] == "gamma" and r["gamma"] == 0.0
                and r["norm"] in ("fbn", "central", "none", "fedtan") and r["bn_agg"] == "mean"
@@ -747,7 +763,7 @@ def count() -> str:
 
 
 SECTIONS = ("leaderboard", "worst_case_tables", "worst_case_verdicts", "searched_against_catalogue",
-            "fig4_findings", "fig4_extension_findings", "fig3_table", "fig3_findings", "gap_table", "gap_findings", "fedtan_findings",
+            "fig4_findings", "fig4_extension_findings", "paper_schedule_findings", "fig3_table", "fig3_findings", "gap_table", "gap_findings", "fedtan_findings",
             "scale_table", "scale_findings", "seed003_findings", "seed004_findings", "disagreements", "time_table")
 
 
