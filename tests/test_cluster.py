@@ -6,6 +6,7 @@ import signal
 import sqlite3
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -134,31 +135,41 @@ def test_ray_executor_gives_the_local_results_bit_for_bit(tmp_path, local_ray, c
 
 
 def _kill_first_task_worker(killed: list, stop: threading.Event, db: Path) -> None:
-    """SIGKILL the first Ray worker seen running a robustbn task (Ray titles it ray::<function>),
-    once a run has checkpointed 30 rounds."""
-    def progressed():
+    """SIGKILL a Ray worker running a robustbn task (Ray titles it ray::<function>) as soon as
+    every running run has checkpointed, so the retried task has a checkpoint to resume. The
+    workers are found while the runs reach their first checkpoint and the kill comes right
+    after it, most of a run ahead of its end: a loaded machine must not finish the runs first."""
+    def checkpointed() -> bool:
         try:
-            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-                return con.execute("SELECT max(rounds_done) FROM runs WHERE status = 'running'").fetchone()[0] or 0
+            with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as con:
+                running = [done for (done,) in con.execute("SELECT rounds_done FROM runs WHERE status = 'running'")]
         except sqlite3.Error:
-            return 0
-    while not stop.is_set() and progressed() < 30:
-        time.sleep(0.05)
+            return False
+        return bool(running) and min(done or 0 for done in running) >= 10
+
+    def runs_a_task(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::_run_as_ray_task")
+        except OSError:  # the process is gone
+            return False
+
+    workers = []
     while not stop.is_set() and not killed:
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if cmdline.startswith(b"ray::_run_as_ray_task"):
-                os.kill(int(pid), signal.SIGKILL)
-                killed.append(int(pid))
+        workers = workers or [int(pid) for pid in filter(str.isdigit, os.listdir("/proc")) if runs_a_task(int(pid))]
+        if workers and checkpointed():
+            for pid in filter(runs_a_task, workers):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+                killed.append(pid)
                 return
-        time.sleep(0.05)
+            workers = []  # their tasks ended: look again
+        time.sleep(0.01)
 
 
 def test_ray_retries_a_killed_task_which_resumes_and_stores_each_run_once(tmp_path, local_ray, one_thread):
-    long_runs = TINY.replace("rounds = 6", "rounds = 150").replace("eval_every = 3", "eval_every = 50")
+    long_runs = TINY.replace("rounds = 6", "rounds = 300").replace("eval_every = 3", "eval_every = 100")
     _, scenarios = load(write(tmp_path, long_runs), ["norm=fbn", "bn_agg=median"])  # 2 runs (seeds)
     killed, stop = [], threading.Event()
     killer = threading.Thread(target=_kill_first_task_worker, args=(killed, stop, tmp_path / "ray.sqlite"))
