@@ -3,7 +3,7 @@
 #   ./dev.sh demo [ARGS]   the main job: robustbn demo
 #   ./dev.sh test [ARGS]   the whole test suite (HYPOTHESIS_PROFILE=ci for >= 500 examples a property)
 #   ./dev.sh docs          docs/results.md's tables and verdicts and docs/report/ from docs/results.csv
-#   ./dev.sh docs --check  exit non-zero where docs/results.md is not what docs/results.csv gives
+#   ./dev.sh docs --check  exit non-zero where docs/results.md or docs/report/ is not what docs/results.csv gives
 #   ./dev.sh setup         only set up
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -59,7 +59,9 @@ case "$cmd" in
   test) setup test,ray,flower; fashion_mnist; browser; exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" ;;
   docs)
     setup test,ray,flower
-    if [ "${1:-}" = --check ]; then exec "$VENV/bin/python" docs/tables.py --cog --check; fi
+    if [ "${1:-}" = --check ]; then
+      "$VENV/bin/python" docs/tables.py --cog --check && exec "$VENV/bin/python" docs/tables.py --page --check
+    fi
     [ $# -eq 0 ] || { echo "usage: ./dev.sh docs [--check]" >&2; exit 2; }
     "$VENV/bin/python" docs/tables.py --cog
     exec "$VENV/bin/python" docs/tables.py --page docs/report ;;

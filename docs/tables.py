@@ -792,23 +792,42 @@ def page(out: Path = PAGE) -> Path:
     return write_page(board_runs(), out)
 
 
+def page_check(out: Path = PAGE) -> int:
+    """0 where OUT/index.html is the page the runs give, its images aside (their pixels follow
+    the machine's fonts and matplotlib, not the runs); 1 and a message where it is stale."""
+    import re
+
+    def text(path: Path) -> str:
+        return re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "data:image/png;base64,...",
+                      path.read_text(encoding="utf-8"))
+
+    shipped = out / "index.html"
+    with tempfile.TemporaryDirectory() as tmp:
+        if shipped.is_file() and text(shipped) == text(page(Path(tmp))):
+            return 0
+    print(f"{shipped} is stale: run ./dev.sh docs", file=sys.stderr)
+    return 1
+
+
 USAGE = """usage: python docs/tables.py [RUNS]                 every section, printed (RUNS: a store or CSV)
        python docs/tables.py --cog [--check] [FILE]  results.md's cog blocks: rewrite, or check
-       python docs/tables.py --page [DIR]            the leaderboard page (docs/report/index.html)"""
+       python docs/tables.py --page [--check] [DIR]  the leaderboard page (docs/report/index.html): write, or check"""
 
 
 def main(argv) -> int:
     global SOURCE
-    if argv[:1] == ["--cog"]:
-        rest = argv[1:]
-        check = "--check" in rest
-        files = [a for a in rest if a != "--check"]
-        if any(a.startswith("-") for a in files) or len(files) > 1:
+    if argv[:1] in (["--cog"], ["--page"]):
+        check = "--check" in argv[1:]
+        paths = [a for a in argv[1:] if a != "--check"]
+        if any(a.startswith("-") for a in paths) or len(paths) > 1:
             print(USAGE, file=sys.stderr)
             return 2
-        return cog(check, Path(files[0]) if files else RESULTS_MD)
-    if argv[:1] == ["--page"]:
-        print(page(Path(argv[1]) if len(argv) > 1 else PAGE))
+        if argv[0] == "--cog":
+            return cog(check, Path(paths[0]) if paths else RESULTS_MD)
+        out = Path(paths[0]) if paths else PAGE
+        if check:
+            return page_check(out)
+        print(page(out))
         return 0
     if len(argv) > 1 or any(a.startswith("-") for a in argv):
         print(USAGE, file=sys.stderr)

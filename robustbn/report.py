@@ -283,7 +283,7 @@ def render_html(board: Board, images: list[tuple[str, str]] = (), title: str = "
             tds.append(f"<td{attrs}>{e(text)}</td>")
         runs = "".join(
             f"<tr><td>{e(str(run['seed']))}</td><td><code>{e(str(run['hash']))}</code></td>"
-            f"<td>{e(str(run['code_version']))}</td><td>{e(str(run['status']))}</td><td>{e(run['attack'])}</td>"
+            f"<td>{e(run['code_version'] or 'not recorded')}</td><td>{e(str(run['status']))}</td><td>{e(run['attack'])}</td>"
             f"<td>{pct(run['final_acc'])}</td><td>{e(str(run['source'] or ''))}</td></tr>" for run in r["runs"])
         details = (f"<details><summary>{len(r['runs'])} runs</summary><table><tr><th>seed</th><th>hash</th>"
                    f"<th>code_version</th><th>status</th><th>attack</th><th>final accuracy (%)</th><th>file</th></tr>"

@@ -193,7 +193,8 @@ def test_the_page_in_chromium_equals_the_json_and_sorts(setup, tmp_path):
     with Store(db, readonly=True) as store:
         rows = read_rows(store.rows(), files)
     page_path = write_page(rows, tmp_path / "site")
-    want = rows_json(leaderboard(rows))
+    board = leaderboard(rows)
+    want = rows_json(board)
     requests = []
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
@@ -225,6 +226,10 @@ def test_the_page_in_chromium_equals_the_json_and_sorts(setup, tmp_path):
         assert first.evaluate("d => d.open") is True
         runs_header = first.eval_on_selector_all("th", "ths => ths.map(t => t.textContent)")
         assert runs_header[:4] == ["seed", "hash", "code_version", "status"]
+        shown = page.eval_on_selector_all("#leaderboard tr.entry", read)[0]
+        runs = next(b["runs"] for b, r in zip(board.rows, want) if dom_text(r) == shown)
+        assert [cells[:4] for cells in first.eval_on_selector_all("tr", read)[1:]] == \
+            [[str(run["seed"]), run["hash"], run["code_version"] or "not recorded", run["status"]] for run in runs]
         browser.close()
 
 

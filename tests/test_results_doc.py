@@ -1,5 +1,6 @@
-"""docs/results.md is generated: `./dev.sh docs --check` (python docs/tables.py --cog --check)
-passes on the committed file and fails on a stale one; its verdict words come from the code."""
+"""docs/results.md and docs/report/index.html are generated: `./dev.sh docs --check` (python
+docs/tables.py --cog --check, --page --check) passes on the committed files and fails on stale
+ones; the verdict words come from the code."""
 
 import re
 import subprocess
@@ -35,6 +36,25 @@ def test_a_stale_number_fails_the_check(tmp_path):
     (tmp_path / "results.md").write_text(stale, encoding="utf-8")
     done = check(tmp_path / "results.md")
     assert done.returncode != 0 and "stale" in done.stdout + done.stderr
+
+
+def check_page(directory: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TABLES), "--page", "--check", str(directory)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_the_shipped_page_is_what_results_csv_gives_and_a_stale_one_fails(tmp_path):
+    shipped = ROOT / "docs" / "report"
+    done = check_page(shipped)
+    assert done.returncode == 0, f"docs/report/index.html is stale (run ./dev.sh docs):\n{done.stderr[-3000:]}"
+    # the leaderboard's first worst-case cell, a tenth of a point off
+    html = (shipped / "index.html").read_text(encoding="utf-8")
+    table = html.index('<table id="leaderboard">')
+    match = re.compile(r'class="num">(\d+\.\d)</td><td[^>]*>\[').search(html, table)
+    stale = html[:match.start(1)] + f"{float(match.group(1)) + 0.1:.1f}" + html[match.end(1):]
+    (tmp_path / "index.html").write_text(stale, encoding="utf-8")
+    done = check_page(tmp_path)
+    assert done.returncode == 1 and "stale" in done.stderr
 
 
 def test_every_verdict_word_is_inside_a_generated_block():
