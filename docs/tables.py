@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 from collections import defaultdict
@@ -795,8 +796,6 @@ def page(out: Path = PAGE) -> Path:
 def page_check(out: Path = PAGE) -> int:
     """0 where OUT/index.html is the page the runs give, its images aside (their pixels follow
     the machine's fonts and matplotlib, not the runs); 1 and a message where it is stale."""
-    import re
-
     def text(path: Path) -> str:
         return re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "data:image/png;base64,...",
                       path.read_text(encoding="utf-8"))

@@ -16,8 +16,9 @@ TABLES = ROOT / "docs" / "tables.py"
 pytest.importorskip("cogapp", reason="cogapp is not installed (the test extra)")
 
 
-def check(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(TABLES), "--cog", "--check", str(path)], cwd=ROOT,
+def check(path: Path, what: str = "--cog") -> subprocess.CompletedProcess:
+    """docs/tables.py WHAT --check PATH: --cog checks a results.md, --page a page's directory."""
+    return subprocess.run([sys.executable, str(TABLES), what, "--check", str(path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -38,14 +39,9 @@ def test_a_stale_number_fails_the_check(tmp_path):
     assert done.returncode != 0 and "stale" in done.stdout + done.stderr
 
 
-def check_page(directory: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(TABLES), "--page", "--check", str(directory)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-
-
 def test_the_shipped_page_is_what_results_csv_gives_and_a_stale_one_fails(tmp_path):
     shipped = ROOT / "docs" / "report"
-    done = check_page(shipped)
+    done = check(shipped, "--page")
     assert done.returncode == 0, f"docs/report/index.html is stale (run ./dev.sh docs):\n{done.stderr[-3000:]}"
     # the leaderboard's first worst-case cell, a tenth of a point off
     html = (shipped / "index.html").read_text(encoding="utf-8")
@@ -53,7 +49,7 @@ def test_the_shipped_page_is_what_results_csv_gives_and_a_stale_one_fails(tmp_pa
     match = re.compile(r'class="num">(\d+\.\d)</td><td[^>]*>\[').search(html, table)
     stale = html[:match.start(1)] + f"{float(match.group(1)) + 0.1:.1f}" + html[match.end(1):]
     (tmp_path / "index.html").write_text(stale, encoding="utf-8")
-    done = check_page(tmp_path)
+    done = check(tmp_path, "--page")
     assert done.returncode == 1 and "stale" in done.stderr
 
 
