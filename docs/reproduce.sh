@@ -137,6 +137,9 @@ $RUN scenarios/fbn_fig4_variance_fmnist.toml --set 'seed=[0,1,2,3,4]'
 $RUN scenarios/fbn_fig3_fmnist.toml --set 'seed=[0,1,2,3,4]'
 $RUN scenarios/fbn_fig3_fmnist.toml --set 'gamma=[0.1, 0.5]' --set norm=fedbn --set 'seed=[0,1,2,3,4]'
 $RUN scenarios/fbn_fig4_both_fmnist.toml --set 'seed=[0,1,2,3,4]'
+# seed 002's "alike at gamma >= 0.3" at the paper's schedule: FBN and naive BN at gamma = 0.5, T = 1500
+$RUN scenarios/fbn_central_gap_fmnist.toml --set gamma=0.5 --set 'norm=["fbn","naive"]' --set n=10 --set batch_size=50 \
+  --set 'seed=[0,1,2]'
 # the worst case over the catalogue and the confirmed searched attacks (--matrix: each file's runs at
 # any seed, without the searches' trials; the heatmap marks a searched worst attack)
 SEARCHED_FILES=$(for f in scenarios/searched_worst_*.toml; do printf -- ' --matrix %s' "$f"; done)

@@ -578,6 +578,10 @@ def disagreements() -> None:
             min_pairs=LONG_MIN_PAIRS)
     compare("FBN against naive BN at gamma = 0.5, T = 200 (seed 002: at gamma >= 0.3 the algorithms perform alike)",
             fig3("fbn", 0.5), fig3("naive", 0.5))
+    long_f0 = lambda norm: sel(lambda r: r["rounds"] == 1500 and r["n"] == 10 and r["batch_size"] == 50, norm=norm,
+                               gamma=0.5, f=0, bn_mean_agg="mean")
+    compare("the same at the paper's schedule (T = 1500, momentum 0.99), gamma = 0.5", long_f0("fbn"),
+            long_f0("naive"), min_pairs=LONG_MIN_PAIRS)
     compare("FixBN against centralized BN at gamma = 0, T = 200 (seed 002: FixBN loses accuracy under extreme "
             "heterogeneity)", fig3("fixbn", 0.0), fig3("central", 0.0))
     compare("seed 003's setting (FedAvg): FBN against plain BN (seed 002 finds FBN above it under DSGD)",
