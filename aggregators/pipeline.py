@@ -7,7 +7,7 @@ import inspect
 
 import torch
 
-from .base import Rule, check_messages, check_reference, sanitize
+from .base import Rule, check_messages, check_reference, is_stateful, sanitize
 from .catalogue import CAF, SMEA, Bulyan, DnC, FLTrust, MinimumDiameterAveraging
 from .clustering import ClippedClustering, SignGuard
 from .plugins import resolve
@@ -76,6 +76,11 @@ class Pipeline:
         return any(step.random for step in self.pre + [self.agg])
 
     @property
+    def stateful(self) -> bool:
+        """Whether a step keeps state across calls (cc's previous output, cclust's norms seen)."""
+        return is_stateful(self)
+
+    @property
     def vmappable(self) -> bool:
         """Whether torch.vmap can batch every step (False: one runs on the host, e.g. cclust)."""
         return all(getattr(step, "vmappable", True) for step in self.pre + [self.agg])
@@ -91,18 +96,19 @@ class Pipeline:
         call (torch.vmap); `reference` (b, d): one reference message per set, for a pipeline
         that `needs_reference`. A random pipeline runs them one after another instead, each
         drawing from its generator in turn, because vmap cannot draw from an explicit generator;
-        so does one with a step that runs on the host (`vmappable = False`)."""
+        so do a stateful pipeline (each set sees the state the one before left, as in separate
+        calls) and one with a step that runs on the host (`vmappable = False`)."""
         if x.dim() != 3:
             raise ValueError(f"{self.spec}: stacked messages must be a 3-D (b, n, d) tensor, got shape {tuple(x.shape)}")
         if not self.needs_reference:
-            if self.random or not self.vmappable:
+            if self.random or self.stateful or not self.vmappable:
                 return torch.stack([self(messages) for messages in x])
             return torch.vmap(self)(x)
         if not isinstance(reference, torch.Tensor) or reference.shape != (x.shape[0], x.shape[2]):
             got = tuple(reference.shape) if isinstance(reference, torch.Tensor) else reference
             raise ValueError(f"{self.spec}: stacked messages {tuple(x.shape)} need a ({x.shape[0]}, {x.shape[2]}) "
                              f"reference, one message per set, got {got}")
-        if self.random or not self.vmappable:
+        if self.random or self.stateful or not self.vmappable:
             return torch.stack([self(messages, ref) for messages, ref in zip(x, reference)])
         return torch.vmap(self)(x, reference)
 

@@ -13,7 +13,7 @@ import functools
 import torch
 
 from .base import Rule, check_f, nearest_mean_weights, pairwise_sq_distances, smallest, sq_distances
-from .checks import integer, iterations, real
+from .checks import choice, integer, iterations, real
 
 
 # On the CPU, torch.sort along the client axis is slow: a sorting network of elementwise
@@ -224,24 +224,56 @@ class GeometricMedian(Rule):
 
 
 class CenteredClipping(Rule):
-    """Centered clipping (Karimireddy et al. 2021): v <- v + mean_i clip(x_i - v, tau), `iters`
-    times, from the coordinate-wise median (the paper starts from the previous aggregate; a
-    stateless rule cannot, and the median is a robust stand-in)."""
+    """Centered clipping (Karimireddy, He and Jaggi, ICML 2021; with bucketing, ICLR 2022):
+    v <- v + mean_i clip(x_i - v, tau), `iters` times.
+
+    center = "previous" (the default, as published): v starts from this rule's previous output,
+    the server's state across rounds (zeros before the first call, as the authors' code starts).
+    tau defaults to 10 and iters to 3, the authors' heterogeneous-data code (`--clip-tau 10`
+    scaled by 1/(1 - beta) for their undamped worker momentum; robustbn's worker momentum is
+    damped, (1 - beta) g, so the same radius is 10 here). An attack's trial calls
+    (`aggregators.trials`) read the state and leave it; checkpoints carry it.
+
+    center = "median": every call starts from the coordinate-wise median, stateless (tau
+    default 1): the rule robustbn had as `cc` before; runs stored with `cc` and no `center`
+    parameter are that rule (robustbn's scenarios now always write `center`)."""
 
     name = "cc"
-    translation_equivariant = True  # (not scale: tau is a fixed radius)
+    explicit_defaults = {"center": "previous"}  # scenarios write it: a stored run without it meant "median"
 
-    def __init__(self, tau: float = 1.0, iters: int = 3):
-        self.tau = real(self.name, "tau", tau, 0.0, low_open=True)
+    def __init__(self, tau: float | None = None, iters: int = 3, center: str = "previous"):
+        self.center = choice(self.name, "center", center, ("previous", "median"))
+        stateless = self.center == "median"
+        self.tau = real(self.name, "tau", (1.0 if stateless else 10.0) if tau is None else tau, 0.0, low_open=True)
         self.iters = iterations(self.name, "iters", iters)
+        self.stateful = self.recording = not stateless
+        # from a fixed start (zeros, then the last output) a fixed radius neither follows a shift
+        # nor returns n identical rows at once; from the median it does both
+        self.translation_equivariant = self.identity_on_identical = stateless
+        self._previous: torch.Tensor | None = None
+
+    @property
+    def previous(self) -> torch.Tensor | None:
+        """The last output the server recorded (center = "previous"); None before the first."""
+        return self._previous
 
     def apply(self, x):
-        v = _median(x)
+        if self.center == "median":
+            v = _median(x)
+        elif self._previous is None:
+            v = torch.zeros_like(x[0])
+        elif self._previous.shape != x[0].shape:
+            raise ValueError(f"{self.name}: messages of {x[0].numel()} values after {self._previous.numel()}; "
+                             f"one rule object serves one channel (build one per channel)")
+        else:
+            v = self._previous.to(x.device, x.dtype)
         for _ in range(self.iters):
             diff = x - v
             norm = torch.linalg.vector_norm(diff, dim=1, keepdim=True)
             scale = (self.tau / norm).clamp(max=1.0)  # norm 0 -> inf -> 1; norm inf -> 0
             v = v + (diff * scale).mean(0)
+        if self.stateful and self.recording:
+            self._previous = v.detach().clone()
         return v
 
 

@@ -42,7 +42,7 @@ SEARCHED = ("fbn_nnm_trmean", "fbn_dnc", "naive_dnc")
 # ---- the runs -------------------------------------------------------------------------------
 
 def load(path: str) -> list[dict]:
-    """The finished runs (done, and diverged: they count as 0.0) of a store or a CSV export,
+    """The finished runs (done, and diverged: they count at chance, 1 / classes) of a store or a CSV export,
     as `Store.rows()` gives them (a CSV is imported into a temporary store first)."""
     if not path.endswith(".csv"):
         with Store(path, readonly=True) as store:

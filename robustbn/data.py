@@ -171,33 +171,45 @@ def _not_a_loader(obj) -> str | None:
 
 DATASETS: dict[str, Callable] = {}
 TRAIN_SIZES: dict[str, int] = {}  # training examples of a registered dataset, where known
+CLASSES: dict[str, int] = {}  # classes of a registered dataset, where known: a diverged run counts at chance
 
 
-def register_dataset(name: str, train_size: int | None = None):
+def register_dataset(name: str, train_size: int | None = None, num_classes: int | None = None):
     """Decorator: register `load(data_dir) -> Dataset` (tensors anywhere; standardized images
     (N, C, H, W) float, labels int64) under `name`, a valid `dataset` from then on. With
     `train_size` (its training examples), scenarios that cannot give every client data are
-    refused before loading it."""
+    refused before loading it; with `num_classes`, a diverged run of it counts at chance,
+    1 / num_classes, in every result view (robustbn.stats.accuracy; unknown: 0)."""
     if not isinstance(name, str) or not name or ":" in name:
         raise ValueError(f"register_dataset: the name must be a non-empty string without ':', got {name!r}")
     if train_size is not None and (isinstance(train_size, bool) or not isinstance(train_size, int) or train_size < 1):
         raise ValueError(f"register_dataset: train_size must be an integer >= 1 or None, got {train_size!r}")
+    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2):
+        raise ValueError(f"register_dataset: num_classes must be an integer >= 2 or None, got {num_classes!r}")
     def add(load):
         if (why := _not_a_loader(load)) is not None:
             raise TypeError(f"register_dataset: {load!r} {why}")
         DATASETS[name] = load
         TRAIN_SIZES.pop(name, None)
+        CLASSES.pop(name, None)
         if train_size is not None:
             TRAIN_SIZES[name] = train_size
+        if num_classes is not None:
+            CLASSES[name] = num_classes
         return load
     return add
 
 
 for _name, _size in (("fashion-mnist", 60000), ("mnist", 60000), ("cifar10", 50000)):
-    register_dataset(_name, _size)(lambda data_dir, _name=_name: Dataset(_name, *_load_torchvision(_name, data_dir),
+    register_dataset(_name, _size, num_classes=10)(lambda data_dir, _name=_name: Dataset(_name, *_load_torchvision(_name, data_dir),
                                                                          num_classes=10))
-register_dataset("synthetic-images", 2000)(
+register_dataset("synthetic-images", 2000, num_classes=10)(
     lambda data_dir: Dataset("synthetic-images", *synthetic_images(), num_classes=10))
+
+
+def num_classes(name: str) -> int | None:
+    """The classes of dataset `name` without loading it; None where unknown."""
+    return CLASSES.get(name) if isinstance(name, str) else None
 
 
 def train_size(name: str) -> int | None:

@@ -280,7 +280,7 @@ def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: s
     """The figure of `kind` for the finished runs among `rows` (not saved; see `plot`)."""
     if kind not in KINDS:
         raise ValueError(f"unknown plot kind {kind!r}; allowed: {', '.join(KINDS)}")
-    # worst-case counts diverged runs (and finished runs without a history) as 0.0 (robustbn.worst),
+    # worst-case counts diverged runs (and finished runs without a history) at chance (robustbn.worst),
     # as its table does; the other plots draw accuracies, which a diverged run has not
     finished = ("done", "diverged") if kind == "worst-case" else ("done",)
     rows = [r for r in rows if r["status"] in finished and (r["history"] or kind == "worst-case")]

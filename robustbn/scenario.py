@@ -365,6 +365,7 @@ class Scenario:
         self.canonical()
         for channel in CHANNELS:
             self._validate_channel(channel)
+        self.canonical()  # a channel may have spelled out a default (`_spell_defaults`)
         self._validate_server_side(protocol)
         self._check_data_size()
         self._check_norm_layers(protocol)
@@ -418,6 +419,22 @@ class Scenario:
         if getattr(self, key) is None:
             return self.value_of(channel, part)
         setattr(self, key, _as_declared(getattr(self, key), classes))
+        return getattr(self, key)
+
+    def _spell_defaults(self, channel: str, spec: str, params: dict) -> dict:
+        """The channel's pipeline parameters with the defaults its steps declare explicit
+        (`explicit_defaults`: a default that changed, such as cc's center) written into the field
+        that sets them, so that the run hash differs from a stored run's that meant the old one."""
+        missing = {k: v for cls in self._step_classes(spec) for k, v in getattr(cls, "explicit_defaults", {}).items()
+                   if k not in params}
+        if not missing:
+            return params
+        key = self.key_of(channel, "agg_params")
+        if key == "bn_agg_params":  # the shorthand sets both BN channels: split it (canonical() merges again)
+            for c in BN_CHANNELS:
+                setattr(self, f"{c}_agg_params", dict(self.value_of(c, "agg_params")))
+            self.bn_agg_params, key = None, f"{channel}_agg_params"
+        setattr(self, key, {**params, **missing})
         return getattr(self, key)
 
     @staticmethod
@@ -571,7 +588,7 @@ class Scenario:
         except (ValueError, TypeError) as e:
             raise ScenarioError(attack_key, str(e)) from None
         params = self._declared(channel, "attack_params", [attack_class] if attack_class else [])
-        agg_params = self._declared(channel, "agg_params", self._step_classes(spec))
+        agg_params = self._spell_defaults(channel, spec, self._declared(channel, "agg_params", self._step_classes(spec)))
         for part, given in (("attack_params", params), ("agg_params", agg_params)):
             for key, why in RESERVED_PARAMS[part].items():
                 if key in given:

@@ -15,7 +15,8 @@ docs/tables.py), plots and the worst case read their numbers from here.
   excludes 0 (`distinct`); the published pages also want `MIN_PAIRS` paired seeds (`too_few`).
 - **Seeds first**: runs repeating a seed (another device, a rerun) are averaged into that
   seed, so a seed counts once. A run's accuracy is its final test accuracy; a run that
-  diverged (status `diverged`, or a final accuracy missing or not finite) counts as 0.0.
+  diverged (status `diverged`, or a final accuracy missing or not finite) counts at chance,
+  1 / the dataset's classes (`chance`): the accuracy of a model collapsed to one class.
 
 Over runs: `pooled` (the cells of `robustbn results --pooled`) and `compare` (the paired
 differences of `robustbn results --compare`). scipy.stats does the math.
@@ -127,16 +128,29 @@ def too_few(n: int | None) -> str | None:
 
 # ---- over runs ---------------------------------------------------------------------------------
 
+DIVERGED_WORDS = ("a diverged run (non-finite loss or accuracy) counts at chance, 1 / classes (10% here): the "
+                  "accuracy of a model collapsed to one class")
+
+
+def chance(row: dict[str, Any]) -> float:
+    """1 / the classes of the run's dataset (robustbn.data.num_classes); 0.0 where unknown."""
+    from .data import num_classes
+
+    k = num_classes(row.get("dataset"))
+    return 1.0 / k if k else 0.0
+
+
 def accuracy(row: dict[str, Any]) -> tuple[float, bool]:
     """(the accuracy a run counts for, whether it diverged): a diverged run (status `diverged`,
-    or a final accuracy missing or not finite) is 0.0."""
+    or a final accuracy missing or not finite) counts at chance, 1 / classes (`chance`): a
+    model that collapsed predicts one class, and no view may rank a diverged run below it."""
     if row.get("status") == "diverged":
-        return 0.0, True
+        return chance(row), True
     try:
         acc = float(row.get("final_acc"))
     except (TypeError, ValueError):
-        return 0.0, True
-    return (acc, False) if math.isfinite(acc) else (0.0, True)
+        return chance(row), True
+    return (acc, False) if math.isfinite(acc) else (chance(row), True)
 
 
 def by_seed(runs: Iterable[dict[str, Any]], value: Callable[[dict], float] = lambda r: accuracy(r)[0]) -> dict:
@@ -165,7 +179,7 @@ def pooled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One cell per group of runs that differ only in their seed (`robustbn results --pooled`):
     the scenario fields, then seeds, runs, mean_acc (the mean over seeds of the final
     accuracy), ci_low, ci_high (its 95% interval, clipped to [0, 1]; None for one seed), std
-    (over seeds) and diverged (runs counted as 0.0). In the order the rows come."""
+    (over seeds) and diverged (runs counted at chance). In the order the rows come."""
     fields = scenario_fields(rows)
     cells = defaultdict(list)
     for r in rows:

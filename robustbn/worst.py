@@ -6,7 +6,8 @@ The definition, exactly (`worst_case`):
 - Only finished runs count (status `done` or `diverged`; rows without a status are taken as
   finished).
 - A run's accuracy is its final test accuracy. A run that diverged (status `diverged`, or a
-  final accuracy missing or not finite) counts as 0.0, and is counted in the `diverged` column.
+  final accuracy missing or not finite) counts at chance, 1 / the dataset's classes
+  (robustbn.stats.accuracy), and is counted in the `diverged` column.
 - A **setting** is everything but the attack and the seed: the norm protocol, f, the
   pipeline of every channel and its parameters, `agg_f`, `client_filter` (and its
   parameters), gamma, and every other scenario field that takes more than one value among the

@@ -52,8 +52,9 @@ def geomed(x, iters=30, nu=1e-6):
     return z
 
 
-def cc(x, tau=1.0, iters=3):
-    v = np.median(x, axis=0)
+def cc(x, tau=1.0, iters=3, start=None):
+    """Centered clipping's iterations from `start` (None: the coordinate-wise median)."""
+    v = np.median(x, axis=0) if start is None else np.array(start, dtype=float)
     for _ in range(iters):
         total = np.zeros_like(v)
         for xi in x:
@@ -62,6 +63,16 @@ def cc(x, tau=1.0, iters=3):
             total += diff * min(1.0, tau / norm) if norm > 0 else diff
         v = v + total / len(x)
     return v
+
+
+def cc_rounds(rounds, tau=10.0, iters=3):
+    """Centered clipping as Karimireddy, He and Jaggi publish it, over rounds: each round starts
+    from the previous round's aggregate, the first from zeros (the authors' code)."""
+    out, v = [], np.zeros(rounds[0].shape[1])
+    for x in rounds:
+        v = cc(x, tau, iters, start=v)
+        out.append(v)
+    return out
 
 
 def meamed(x, f):

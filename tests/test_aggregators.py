@@ -45,7 +45,7 @@ REFERENCES = {
     "krum": ref.krum,
     "multikrum": ref.multikrum,
     "geomed": lambda x, f: ref.geomed(x),
-    "cc": lambda x, f: ref.cc(x),
+    "cc": lambda x, f: ref.cc(x, tau=10.0, start=np.zeros(x.shape[1])),  # a first call: from zeros
     "meamed": ref.meamed,
     "monna": ref.monna,
 }
@@ -302,3 +302,59 @@ def test_distances_of_huge_rows_overflow_to_inf_not_nan():
     x = torch.tensor([[1e38, 1e38], [0.0, 1.0], [0.0, 2.0]])
     d = A.pairwise_sq_distances(x)
     assert torch.isinf(d[0, 1:]).all() and d[1, 2] == 1.0 and not torch.isnan(d).any()
+
+
+# ---- centered clipping as published: a rule with state across rounds ----------------------
+
+@given(rounds=st.integers(1, 6), n=st.integers(1, 9), d=dims, seed=seeds,
+       tau=st.floats(0.05, 20.0), iters=st.integers(1, 4), scale=st.sampled_from([0.1, 1.0, 30.0]))
+def test_cc_over_rounds_matches_the_published_algorithm(rounds, n, d, seed, tau, iters, scale):
+    """Each round starts from the previous round's aggregate, the first from zeros
+    (Karimireddy, He and Jaggi 2021, and their code), whatever the messages' scale."""
+    xs = [scale * randn(seed + r, n, d) + r for r in range(rounds)]
+    rule = A.build("cc", tau=tau, iters=iters)
+    for x, want in zip(xs, ref.cc_rounds([x.numpy() for x in xs], tau, iters)):
+        np.testing.assert_allclose(rule(x).numpy(), want, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(rule.agg.previous.numpy(), want, rtol=1e-9, atol=1e-9)
+
+
+def test_cc_defaults_are_the_papers_and_center_median_is_the_old_stateless_rule():
+    published = A.build("cc").agg
+    assert (published.tau, published.iters, published.center) == (10.0, 3, "previous") and A.is_stateful(published)
+    old = A.build("cc", center="median")
+    assert (old.agg.tau, old.agg.iters) == (1.0, 3) and not A.is_stateful(old)
+    x = randn(3, 7, 5)
+    for _ in range(3):  # stateless: every call from the median, as robustbn's cc did before
+        np.testing.assert_allclose(old(x).numpy(), ref.cc(x.numpy()), rtol=1e-12)
+    with pytest.raises(ValueError, match="cc: center must be one of 'previous', 'median', got 'last'"):
+        A.build("cc", center="last")
+
+
+def test_cc_trial_calls_read_the_state_and_leave_it():
+    p, twin = A.build("cc", tau=0.5), A.build("cc", tau=0.5)
+    first, second = randn(0, 8, 4), randn(1, 8, 4) * 100
+    p(first), twin(first)
+    with A.trials(p):
+        trial = p(second)
+    assert torch.equal(p.agg.previous, twin.agg.previous)  # the trial left the state
+    assert torch.equal(trial, twin(second))  # it started from the recorded state
+    assert torch.equal(p(second), trial) and torch.equal(p.agg.previous, trial)  # the next server call records
+
+
+def test_cc_state_moves_at_most_tau_per_iteration_under_huge_messages():
+    """A clipped step moves the center by at most tau per iteration: hostile rows of 1e38 (or
+    sanitized NaN/inf) never make the state non-finite."""
+    rule = A.build("cc", f=2, tau=1.0, iters=2)
+    x = randn(0, 6, 3)
+    x[:2] = torch.tensor([[1e38, float("nan"), float("inf")]] * 2, dtype=x.dtype)
+    for _ in range(5):
+        before = rule.agg.previous if rule.agg.previous is not None else torch.zeros(3, dtype=x.dtype)
+        out = rule(x)
+        assert torch.isfinite(out).all() and torch.linalg.vector_norm(out - before) <= 2.0 + 1e-9
+
+
+def test_cc_refuses_a_second_channel_of_another_size():
+    rule = A.build("cc")
+    rule(randn(0, 5, 3))
+    with pytest.raises(ValueError, match="cc: messages of 4 values after 3; one rule object serves one channel"):
+        rule(randn(0, 5, 4))

@@ -50,7 +50,8 @@ def test_defaults_are_valid_and_round_trip():
 
 def test_shipped_scenario_files_keep_their_run_hashes(clean_search_path):
     """Every scenario of the files in scenarios/ and examples/ and of the demo hashes as it did
-    when recorded (tests/data/scenario_file_hashes.json): stores hold hours of those runs."""
+    when recorded (tests/data/scenario_file_hashes.json): stores hold hours of those runs. A
+    file may grow (new rows of the board): its recorded runs must all still be among its runs."""
     import json
     import tomllib
     from pathlib import Path
@@ -64,4 +65,5 @@ def test_shipped_scenario_files_keep_their_run_hashes(clean_search_path):
     assert len(recorded) >= 20 and "demo" in recorded
     for name, hashes in recorded.items():
         scenarios = expand(tomllib.loads(DEMO_TOML), "demo") if name == "demo" else load(root / name)[1]
-        assert [scenario_hash(s.to_dict()) for s in scenarios] == hashes, name
+        now = [scenario_hash(s.to_dict()) for s in scenarios]
+        assert len(set(now)) == len(now) and not set(hashes) - set(now), name

@@ -37,7 +37,7 @@ def register(sub) -> None:
                                    "worst final accuracy over the attacks run against it, seeds pooled first (mean "
                                    "over seeds), the attack that achieved it and the accuracy without attack. "
                                    "f > 0 runs whose every channel is none or honest are the no-attack baseline, "
-                                   "not attacks; diverged runs (NaN accuracy) count as 0.0. --pooled: a row per "
+                                   "not attacks; diverged runs (NaN accuracy) count at chance, 1 / classes. --pooled: a row per "
                                    "group of runs differing only in seed, with the mean over seeds and its 95% "
                                    "confidence interval (Student t). --compare: paired differences between two "
                                    "values of one field, seed by seed.",
@@ -165,7 +165,7 @@ def _print_compare(rows: list[dict], field: str, a, b, fmt: str) -> int:
         shown, columns = _intervals(table, columns, {"ci_low": ("ci_high", "95% CI", "pairs")})
         print(text_table(shown, columns))
         print(f"{len(table)} settings, {sum(t['pairs'] for t in table)} pairs; a_acc, b_acc: mean final accuracy "
-              "over the paired seeds (diverged runs count 0.0); verdict: B or A higher where the interval excludes 0, "
+              "over the paired seeds (diverged runs count at chance, 1 / classes); verdict: B or A higher where the interval excludes 0, "
               "else tied")
     if counts["unpaired"]:
         print(f"{counts['unpaired']} run{'s' * (counts['unpaired'] != 1)} had no partner (left out)")
@@ -188,7 +188,7 @@ def _print_pooled(rows: list[dict], fmt: str) -> int:
                                 {"ci_low": ("ci_high", "95% CI", "seeds")})
     print(text_table(shown, columns))
     print(f"{len(cells)} cells from {len(rows)} finished runs; mean_acc: mean final accuracy over seeds "
-          f"(diverged runs count 0.0); {CLIPPED_WORDS}")
+          f"(diverged runs count at chance, 1 / classes); {CLIPPED_WORDS}")
     return 0
 
 
@@ -217,7 +217,7 @@ def _print_worst_case(rows: list[dict], fmt: str) -> int:
                  "where every other's gap (best - it, paired over seeds under each one's worst attack) has an "
                  "interval excluding 0, else tied for best"]
         if any(t["diverged"] for t in table):
-            notes.append("diverged: runs whose final accuracy is NaN or missing, counted as 0.0")
+            notes.append("diverged: runs whose final accuracy is NaN or missing, counted at chance, 1 / classes")
         if any(t.get("worst_source") for t in table):
             notes.append("worst_kind, worst_source: whether the worst attack is the catalogue's or a searched one "
                          "(its runs from an attack search's confirmation file, searched_worst_*.toml), and the file")

@@ -5,6 +5,8 @@ exactly centralized BN's on the union of the batches (Appendix A)."""
 
 import torch.nn.functional as F
 
+import aggregators
+
 from ..norm import batch_moments
 from .base import Protocol, one_by_one
 
@@ -12,10 +14,12 @@ from .base import Protocol, one_by_one
 def fbn_server_stats(msg_mean, msg_var, count, n: int, beta: float, agg_mean, agg_var, together=one_by_one):
     """Seed 002, Algorithm 2 lines 9-10, with the channels' pipelines in place of each average:
     mu = Agg_mean(mu_i), var = Agg_var(var_i) + Kn/((Kn-1) beta) Agg_mean((mu_i - mu)^2). The
-    correction term is built from the bn_mean messages, so it goes through the bn_mean pipeline."""
+    correction term is built from the bn_mean messages, so it goes through the bn_mean pipeline:
+    as a trial for a stateful one (`aggregators.trials`), whose state follows the means alone."""
     mean = agg_mean(msg_mean)
     kn = count * n
-    var, spread = together([(agg_var, msg_var), (agg_mean, (msg_mean - mean) ** 2)])
+    with aggregators.trials(*([agg_mean] if agg_mean is not agg_var else [])):
+        var, spread = together([(agg_var, msg_var), (agg_mean, (msg_mean - mean) ** 2)])
     return mean, var + kn / ((kn - 1) * beta) * spread
 
 
