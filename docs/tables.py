@@ -275,7 +275,8 @@ def judged(t: dict, table: list[dict]) -> bool:
         return False
     if t["gap_pairs"] is not None:
         return not too_few(t["gap_pairs"])
-    others = [o["gap_pairs"] for o in table if o["norm"] == t["norm"] and o is not t and o["gap_pairs"] is not None]
+    others = [o["gap_pairs"] for o in table if (o["norm"], bool(o["server_data"])) == (t["norm"], bool(t["server_data"]))
+              and o is not t and o["gap_pairs"] is not None]
     return bool(others) and not too_few(min(others))
 
 
@@ -315,23 +316,32 @@ def worst_case_verdicts(gamma=0.0) -> None:
     """The verdicts of the worst-case table in words: per protocol the defenses worse than its
     best (with the paired gap), and the attack that decides each cell."""
     from robustbn.labels import norm_words
+    from robustbn.report import ROOT_FREE, TRUSTED
     from robustbn.worst import WORSE, worst_case
 
     table = [t for t in worst_case([r for r in board_runs() if r["gamma"] == gamma]) if t["f"]]
     for norm in dict.fromkeys(t["norm"] for t in table):
-        group = [t for t in table if t["norm"] == norm and t["worst_acc"] is not None]
-        best = max(group, key=lambda t: t["worst_acc"])
-        if not judged(best, table):
-            pairs = min((t["gap_pairs"] for t in group if t["gap_pairs"] is not None), default=1)
-            print(f"- {norm_words(norm)}: highest worst case {best['defense']} ({100 * best['worst_acc']:.1f}); "
-                  f"{too_few(pairs) or 'no other defense'}.")
-            continue
-        worse = [t for t in group if t["verdict"] == WORSE]
-        text = "; ".join(f"{t['defense']} ({100 * t['worst_acc']:.1f}, gap "
-                         f"{100 * t['gap']:.1f} {ci_text(t['gap_low'], t['gap_high'], t['gap_pairs'], 100, 1, 'pair')}"
-                         f", {t['gap_pairs']} pairs)" for t in worse)
-        print(f"- {norm_words(norm)}: highest worst case {best['defense']} ({100 * best['worst_acc']:.1f}, "
-              f"{best['verdict']}); worse than it, paired over seeds: {text or 'none'}.")
+        for model, trusted in ((ROOT_FREE, False), (TRUSTED, True)):
+            group = [t for t in table if t["norm"] == norm and bool(t["server_data"]) == trusted
+                     and t["worst_acc"] is not None]
+            if not group:
+                continue
+            best = max(group, key=lambda t: t["worst_acc"])
+            where = f"{norm_words(norm)}, {model}"
+            if len(group) == 1:
+                print(f"- {where}: {best['defense']} ({100 * best['worst_acc']:.1f}), the only such defense run.")
+                continue
+            if not judged(best, table):
+                pairs = min((t["gap_pairs"] for t in group if t["gap_pairs"] is not None), default=1)
+                print(f"- {where}: highest worst case {best['defense']} ({100 * best['worst_acc']:.1f}); "
+                      f"{too_few(pairs)}.")
+                continue
+            worse = [t for t in group if t["verdict"] == WORSE]
+            text = "; ".join(f"{t['defense']} ({100 * t['worst_acc']:.1f}, gap "
+                             f"{100 * t['gap']:.1f} {ci_text(t['gap_low'], t['gap_high'], t['gap_pairs'], 100, 1, 'pair')}"
+                             f", {t['gap_pairs']} pairs)" for t in worse)
+            print(f"- {where}: highest worst case {best['defense']} ({100 * best['worst_acc']:.1f}, "
+                  f"{best['verdict']}); worse than it, paired over seeds: {text or 'none'}.")
     grads = sum(1 for t in table if t["worst_grad_attack"] not in NOT_ATTACKS)
     mixed = sum(1 for t in table if t["worst_grad_attack"] not in NOT_ATTACKS
                 and t["worst_bn_mean_attack"] not in NOT_ATTACKS)
@@ -748,13 +758,60 @@ def time_table() -> None:
     print()
 
 
+# the board's rows before issue 38, and the rows it added (root-free defenses as published, the mean)
+ISSUE30_DEFENSES = ("nnm+trmean", "dnc", "fltrust", "mean")
+ISSUE38_DEFENSES = ("cc", "bucketing+cc", "arc+nnm+trmean")
+
+
+def clean_board_run(r) -> bool:
+    return r["rounds"] == 150 and r["f"] == 3 and touched(r) == "none" and r["grad_attack"] in NOT_ATTACKS
+
+
+def issue38_row(r) -> bool:
+    """A run of a board row issue 38 added: cc, bucketing+cc, ARC, or the mean without a filter."""
+    return r["rounds"] == 150 and r["grad_agg"] in ISSUE38_DEFENSES + ("mean",) and (
+        r["grad_agg"] != "mean" or r["client_filter"] in (None, "", "none"))
+
+
 ISSUE30 = (
-    ("the leaderboard's clean runs", lambda r: r["rounds"] == 150 and r["f"] == 3 and touched(r) == "none"
-     and r["grad_attack"] in NOT_ATTACKS),
+    ("the leaderboard's clean runs", lambda r: clean_board_run(r) and r["seed"] in (1, 2, 3, 4)
+     and not issue38_row(r)),
     ("seeds 1-4 of Figures 3 and 4 and the gap at T = 200", lambda r: cpu_schedule(r) and r["seed"] in (1, 2, 3, 4)),
     ("seeds 1-2 at the paper's schedule (T = 1500)", lambda r: r["rounds"] == 1500 and r["seed"] in (1, 2)),
     ("seeds 1-4 of seeds 003 and 004's settings", lambda r: r["algorithm"] == "fedavg" and r["seed"] in (1, 2, 3, 4)),
 )
+
+
+ISSUE38 = (
+    ("the new rows' clean runs", lambda r: clean_board_run(r) and issue38_row(r)),
+    ("the new rows' attacked runs", lambda r: r["rounds"] == 150 and r["gamma"] == 0.0 and not clean_board_run(r)
+     and issue38_row(r) and r["seed"] in BOARD_SEEDS),
+    ("IPM against the earlier rows", lambda r: r["rounds"] == 150 and r["gamma"] == 0.0 and r["grad_attack"] == "ipm"
+     and not r["grad_attack_params"] and not issue38_row(r) and r["seed"] in BOARD_SEEDS),
+)
+
+
+def issue38_time() -> None:
+    """The runs issue 38 added, and their CPU hours."""
+    parts = []
+    for name, pred in ISSUE38:
+        mine = [r for r in rows() if pred(r)]
+        parts.append(f"{name}: {len(mine)} runs, {math.fsum(r['wall_time_s'] or 0 for r in mine) / 3600:.1f} CPU hours")
+    print("The runs issue 38 added (the root-free defenses as published, the undefended mean, and IPM in the "
+          "catalogue): " + "; ".join(parts) + ".")
+
+
+def ipm_share() -> None:
+    """How many of the confirmed searched attacks have IPM as their gradient half."""
+    files = [f for f in board_files() if "searched_worst_" in f]
+    attacks = {}
+    for f in files:
+        r = next(iter(file_runs(f)), None)
+        if r is not None:
+            attacks[f] = r["grad_attack"]
+    ipm = sum(a == "ipm" for a in attacks.values())
+    print(f"IPM is the gradient half of {ipm} of the {len(attacks)} confirmed searched attacks "
+          f"(`scenarios/searched_worst_*.toml`).")
 
 
 def issue30_time() -> None:

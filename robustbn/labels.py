@@ -22,7 +22,8 @@ NORM_COLORS = {"naive": "tab:red", "fbn": "tab:blue", "fixbn": "tab:green", "hbn
                "fedbn": "tab:brown", "central": "black", "gn": "tab:olive", "none": "tab:gray"}
 OTHER_COLORS = ("tab:orange", "tab:cyan", "tab:pink", "gold", "teal", "navy", "lime", "maroon")
 ATTACK_WORDS = {"sf": "SF", "foe": "FOE", "alie": "ALIE", "opt-foe": "opt-FOE", "opt-alie": "opt-ALIE",
-                "gaussian": "Gaussian noise", "nan": "NaN", "inf": "inf", "mimic": "mimic", "scale": "scaling"}
+                "gaussian": "Gaussian noise", "nan": "NaN", "inf": "inf", "mimic": "mimic", "scale": "scaling",
+                "ipm": "IPM"}
 CHANNEL_WORDS = {"grad": "the gradients", "bn_mean": "the mean", "bn_var": "the variance"}
 BN_WORDS = "the mean and variance"
 NO_ATTACK = "no attack"

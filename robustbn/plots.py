@@ -217,7 +217,7 @@ def worst_case_figure(rows, title: str | None = None):
     Defenses whose words read alike in one panel and norm mode (e.g. agg_f unset and agg_f =
     f) are told apart by key=value."""
     table = worst_case(rows)
-    panel_keys = varying(table, set(RESULT) | {"norm", "defense"} | DEFENSE_FIELDS)
+    panel_keys = varying(table, set(RESULT) | {"norm", "defense", "server_data"} | DEFENSE_FIELDS)
     panel_of = lambda t: tuple(hashable(t.get(k)) for k in panel_keys)
     label = {id(t): t["defense"] for t in table}
     for alike in group(table, [*panel_keys, "defense", "norm"]).values():
@@ -295,7 +295,9 @@ def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: s
         fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
         legend = curves(rows, ax) if kind == "curves" else heterogeneity(rows, ax, x)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        handles, labels = ax.get_legend_handles_labels()
+        fig.set_size_inches(8, 5 + 0.16 * len(labels))  # the legend below the axes, whole, however many lines
+        fig.legend(handles, labels, fontsize=7, loc="outside lower center")
         if legend.title():
             ax.set_title(legend.title(), fontsize=9)
     if title:

@@ -11,14 +11,18 @@ runs, the confirmation runs of attack searches and the clean runs (`DEFAULT_MATR
   confirmed searched ones (robustbn.worst), its 95% Student-t interval and its seeds;
 - the worst attack in words, naming each message it touched (gradients, BN mean, BN
   variance), and whether it is the catalogue's or a search's (`worst_kind`, `worst_source`);
-- the verdict within the protocol (robustbn.worst: best, tied for best, or worse, paired
-  over seeds under each defense's worst attack), or "n seeds, no verdict" where fewer than
-  robustbn.stats.MIN_PAIRS seeds were paired.
+- the threat model (`server_data`: None, or the trusted data the defense uses, FLTrust's root
+  set), whether an attack search reached the row (`searched`: its confirmation file), how many
+  attacks its worst case is the worst of (`attacks_run`) and how many of the worst attack's
+  runs diverged (`diverged`: they count at chance, robustbn.stats.accuracy);
+- the verdict within the protocol and threat model (robustbn.worst: best, tied for best, or
+  worse, paired over seeds under each defense's worst attack), or "n seeds, no verdict" where
+  fewer than robustbn.stats.MIN_PAIRS seeds were paired.
 
-Under it, one line per protocol: "with X, use Y (worst known Z% [a, b]); tied: ...", where Y
-is the best defense (highest pooled worst case) and "tied" lists every defense the paired
-comparison cannot tell from it. `render_html` writes it as one self-contained page (CSS, JS
-and images inline; no network), `rows_json` as the JSON of `robustbn report --format json`.
+Above it, per protocol and threat model (root-free, trusted server data), the pick the verdict
+supports: "use Y" only where Y is best; where the best is tied, every tied defense and no pick.
+`render_html` writes it as one self-contained page (CSS, JS and images inline; no network),
+`rows_json` as the JSON of `robustbn report --format json`.
 """
 
 from __future__ import annotations
@@ -32,17 +36,20 @@ from pathlib import Path
 from typing import Any
 
 from .labels import attack_short, attack_words, hashable, is_attack, norm_order, norm_words
-from .stats import CLIPPED_PERCENT_WORDS, MIN_PAIRS, PAIRED_WORDS, too_few
-from .worst import BEST, SEARCHED, TIED, matrix_rows, setting_groups, worst_case
+from .stats import CLIPPED_PERCENT_WORDS, DIVERGED_WORDS, MIN_PAIRS, PAIRED_WORDS, accuracy, too_few
+from .worst import BEST, SEARCHED, SEARCHED_PREFIX, TIED, matrix_rows, setting_groups, worst_case
 
 CATALOGUE_MATRIX = "scenarios/worst_case_fmnist.toml"
 CLEAN_MATRIX = "scenarios/clean_worst_case_fmnist.toml"
 SEARCHED_GLOB = "searched_worst_*.toml"
-COLUMNS = ("protocol", "defense", "clean accuracy", "worst-case accuracy", "95% CI", "seeds", "worst attack",
-           "verdict")
-KEYS = ("norm", "defense", "clean_acc", "worst_acc", "ci_low", "ci_high", "seeds", "worst_attack", "verdict")
-EXTRA_KEYS = ("clean_low", "clean_high", "clean_seeds", "clean_kind", "worst_kind", "worst_source", "attacks",
-              "gap", "gap_low", "gap_high", "gap_pairs")
+COLUMNS = ("protocol", "defense", "server data", "clean accuracy", "worst-case accuracy", "95% CI", "seeds",
+           "worst attack", "searched", "verdict")
+KEYS = ("norm", "defense", "clean_acc", "worst_acc", "ci_low", "ci_high", "seeds", "worst_attack", "verdict",
+        "server_data", "searched", "attacks_run", "diverged")
+EXTRA_KEYS = ("clean_low", "clean_high", "clean_seeds", "clean_kind", "worst_kind", "worst_source", "gap", "gap_low",
+              "gap_high", "gap_pairs")
+ROOT_FREE = "root-free"  # the threat model of a defense that needs nothing from the server
+TRUSTED = "trusted server data"
 # protocols a practitioner may ask about that the worst-case matrix leaves out, and why
 ABSENT = {
     "fedbn": "BN layers stay local: each client's model is evaluated on its own test split (a personalized "
@@ -51,6 +58,8 @@ ABSENT = {
     "fedwon": "no BN statistics to attack or defend (weight standardization); not in the worst-case matrix",
     "fbn-scale": "not in the worst-case matrix (run only undefended, docs/results.md's scale-only FBN table)",
 }
+SETUP_FIELDS = ("dataset", "model", "n", "f", "rounds", "batch_size", "lr", "momentum", "partition", "gamma",
+                "algorithm")
 
 
 def default_matrices(root: str | Path = ".") -> list[str]:
@@ -64,17 +73,29 @@ def default_matrices(root: str | Path = ".") -> list[str]:
 
 @dataclass
 class Board:
-    """The leaderboard: `rows` (dicts with KEYS, EXTRA_KEYS and `runs`), one recommendation
-    line per protocol, and the protocols left out with the reason."""
+    """The leaderboard: `rows` (dicts with KEYS, EXTRA_KEYS and `runs`), the recommendations (per
+    protocol and threat model: `recommendations`, dicts with norm, threat, pick and text;
+    `lines`, their texts), the protocols left out with the reason, and the setting the rows share (`setup`:
+    field -> its values)."""
 
     rows: list[dict[str, Any]]
-    lines: list[str] = field(default_factory=list)
+    recommendations: list[dict[str, Any]] = field(default_factory=list)
     absent: list[tuple[str, str]] = field(default_factory=list)
     gamma: float = 0.0
+    setup: dict[str, list] = field(default_factory=dict)
+
+    @property
+    def lines(self) -> list[str]:
+        return [r["text"] for r in self.recommendations]
 
 
 def _same_but_f(t: dict[str, Any], keys: list[str]) -> tuple:
     return tuple(hashable(t.get(k)) for k in keys if k not in ("f", "agg_f"))
+
+
+def threat(r: dict[str, Any]) -> str:
+    """A row's threat model: ROOT_FREE, or TRUSTED where its defense uses trusted server data."""
+    return TRUSTED if r.get("server_data") else ROOT_FREE
 
 
 def leaderboard(rows: list[dict[str, Any]], gamma: float = 0.0) -> Board:
@@ -95,25 +116,33 @@ def leaderboard(rows: list[dict[str, Any]], gamma: float = 0.0) -> Board:
                 ((None, None, None, 0), None)
         runs = sorted(groups.get(tuple(hashable(t.get(k)) for k in keys), []),
                       key=lambda r: (attack_short(r), str(r.get("seed"))))
+        runs = [{"seed": r.get("seed"), "hash": r.get("hash"), "code_version": r.get("code_version"),
+                 "status": r.get("status"), "attack": attack_short(r), "final_acc": r.get("final_acc"),
+                 "acc": accuracy(r)[0], "diverged": accuracy(r)[1], "source": r.get("source"),
+                 "worst": is_attack(r) and attack_words(r) == t["worst_attack"]} for r in runs]
+        searched = sorted({str(r["source"]) for r in runs if SEARCHED_PREFIX in str(r.get("source") or "")})
         out.append({"norm": t["norm"], "defense": t["defense"], "clean_acc": clean[0], "worst_acc": t["worst_acc"],
                     "ci_low": t["ci_low"], "ci_high": t["ci_high"], "seeds": t["seeds"],
-                    "worst_attack": t["worst_attack"], "verdict": t["verdict"],
+                    "worst_attack": t["worst_attack"], "verdict": t["verdict"], "server_data": t["server_data"],
+                    "searched": ", ".join(searched) or None, "attacks_run": t["attacks"],
+                    "diverged": sum(r["worst"] and r["diverged"] for r in runs),
                     "clean_low": clean[1], "clean_high": clean[2], "clean_seeds": clean[3], "clean_kind": kind,
-                    **{k: t[k] for k in ("worst_kind", "worst_source", "attacks", "gap", "gap_low", "gap_high",
-                                         "gap_pairs")},
-                    "runs": [{"seed": r.get("seed"), "hash": r.get("hash"), "code_version": r.get("code_version"),
-                              "status": r.get("status"), "attack": attack_short(r), "final_acc": r.get("final_acc"),
-                              "source": r.get("source"),
-                              "worst": is_attack(r) and attack_words(r) == t["worst_attack"]} for r in runs]})
-    for r in out:  # a verdict on fewer than MIN_PAIRS paired seeds is none (the best's: its fewest pairs)
+                    **{k: t[k] for k in ("worst_kind", "worst_source", "gap", "gap_low", "gap_high", "gap_pairs")},
+                    "runs": runs})
+    for r in out:  # a verdict on fewer than MIN_PAIRS paired seeds is none (the best's: its group's fewest pairs)
         pairs = r["gap_pairs"] if r["gap_pairs"] is not None else min(
-            (o["gap_pairs"] for o in out if o["norm"] == r["norm"] and o["gap_pairs"] is not None), default=None)
+            (o["gap_pairs"] for o in out if (o["norm"], threat(o)) == (r["norm"], threat(r))
+             and o["gap_pairs"] is not None), default=None)
         if r["verdict"] is not None and too_few(pairs):
             r["verdict"] = too_few(pairs)
+    # within a protocol, the highest worst case first (the page's default order)
+    out.sort(key=lambda r: (norm_order(r["norm"]), r["worst_acc"] is None, -(r["worst_acc"] or 0.0), r["defense"]))
     norms = sorted({r["norm"] for r in out}, key=norm_order)
-    board = Board(out, [recommendation(norm, [r for r in out if r["norm"] == norm]) for norm in norms],
-                  [(p, reason) for p, reason in ABSENT.items() if p not in norms], gamma)
-    return board
+    mine = lambda norm, model: [r for r in out if r["norm"] == norm and threat(r) == model]
+    picks = [{"norm": norm, "threat": model, "pick": pick(mine(norm, model)),
+              "text": recommendation(norm, mine(norm, model), model)} for norm in norms for model in (ROOT_FREE, TRUSTED)]
+    setup = {k: sorted({hashable(r.get(k)) for r in rows if r.get("f")}, key=str) for k in SETUP_FIELDS}
+    return Board(out, picks, [(p, reason) for p, reason in ABSENT.items() if p not in norms], gamma, setup)
 
 
 def pct(v: float | None) -> str:
@@ -129,19 +158,34 @@ def ci(low: float | None, high: float | None, n: int | None) -> str:
     return f"[{pct(low)}, {pct(high)}]"
 
 
-def recommendation(norm: str, rows: list[dict[str, Any]]) -> str:
-    """"with X, use Y (worst known Z% [a, b]); tied: ..." for one protocol's rows."""
+def known(r: dict[str, Any]) -> str:
+    """A row's worst case with its evidence: "A (57.9% [51.4, 64.3], 5 seeds)"."""
+    seeds = f", {r['seeds']} seeds" if r["seeds"] else ""
+    return f"{r['defense']} ({pct(r['worst_acc'])}% {ci(r['ci_low'], r['ci_high'], r['seeds'])}{seeds})"
+
+
+def pick(rows: list[dict[str, Any]]) -> str:
+    """The pick among one protocol's rows of one threat model, in the words of the generated
+    verdict: "use Y" only where Y is best (every other row lower, paired); a tie names every
+    tied row and picks none; too few paired seeds say so."""
     ranked = [r for r in rows if r["worst_acc"] is not None]
     if not ranked:
-        return f"with {norm_words(norm)}: no worst case known (no attack run)"
+        return "no defense run" if not rows else "no worst case known (no attack run)"
     best = max(ranked, key=lambda r: r["worst_acc"])
-    tied = [r["defense"] for r in ranked if r is not best and r["verdict"] == TIED]
-    seeds = f", {best['seeds']} seeds" if best["seeds"] else ""
-    known = f"{pct(best['worst_acc'])}% {ci(best['ci_low'], best['ci_high'], best['seeds'])}{seeds}"
-    if best["verdict"] not in (BEST, TIED) and len(ranked) > 1:  # too few paired seeds for a verdict
-        return f"with {norm_words(norm)}, the highest worst case is {best['defense']} ({known}); {best['verdict']}"
-    line = f"with {norm_words(norm)}, use {best['defense']} (worst known {known}); tied: {', '.join(tied) or 'none'}"
-    return line if len(ranked) > 1 else line.replace("; tied: none", "; the only defense run")
+    if len(ranked) == 1:
+        return f"{known(best)}, the only such defense run"
+    if best["verdict"] == BEST:
+        return f"use {known(best)}; every other defense is lower, paired over seeds"
+    if best["verdict"] == TIED:
+        tied = [best] + [r for r in ranked if r is not best and r["verdict"] == TIED]
+        return f"no single pick, {len(tied)} tied for best: " + "; ".join(known(r) for r in tied)
+    return f"the highest worst case is {known(best)}; {best['verdict']}"
+
+
+def recommendation(norm: str, rows: list[dict[str, Any]], model: str = ROOT_FREE) -> str:
+    """"with X, root-free: <pick>" (`pick`), the trusted data named for the other model."""
+    data = f" ({rows[0]['server_data']})" if model == TRUSTED and rows else ""
+    return f"with {norm_words(norm)}, {model}{data}: {pick(rows)}"
 
 
 def clean_text(r: dict[str, Any]) -> str:
@@ -155,18 +199,35 @@ def clean_text(r: dict[str, Any]) -> str:
 
 
 def attack_text(r: dict[str, Any]) -> str:
-    """The worst attack in words, where it came from, and of how many attacks run."""
+    """The worst attack in words (it names each message it touched) and where it came from."""
     if r["worst_attack"] is None:
         return "no attack run"
-    where = (f"searched: {r['worst_source']}" if r["worst_kind"] == SEARCHED
-             else "catalogue" if r["worst_kind"] else "")
-    return f"{r['worst_attack']} ({where + '; ' if where else ''}worst of {r['attacks']} attacks run)"
+    where = f"searched: {r['worst_source']}" if r["worst_kind"] == SEARCHED else r["worst_kind"]
+    return f"{r['worst_attack']}" + (f" ({where})" if where else "")
+
+
+def searched_text(r: dict[str, Any]) -> str:
+    """Whether an attack search reached the row (its confirmation file), and how many attacks
+    its worst case is the worst of."""
+    n = r["attacks_run"]
+    return f"{'yes' if r['searched'] else 'no'}; worst of {n} attack{'s' * (n != 1)}"
+
+
+def worst_text(r: dict[str, Any]) -> str:
+    """The worst-case cell: "57.9", "10.0 (5 of 5 runs diverged)"."""
+    d = r["diverged"]
+    return pct(r["worst_acc"]) + (f" ({d} of {r['seeds']} runs diverged)" if d else "")
+
+
+def server_text(r: dict[str, Any]) -> str:
+    return r["server_data"] or f"none ({ROOT_FREE})"
 
 
 def cells(r: dict[str, Any]) -> list[str]:
-    """A row's eight cells as text, in `COLUMNS` order."""
-    return [norm_words(r["norm"]), r["defense"], clean_text(r), pct(r["worst_acc"]),
-            ci(r["ci_low"], r["ci_high"], r["seeds"]), str(r["seeds"] or 0), attack_text(r), r["verdict"] or "-"]
+    """A row's cells as text, in `COLUMNS` order."""
+    return [norm_words(r["norm"]), r["defense"], server_text(r), clean_text(r), worst_text(r),
+            ci(r["ci_low"], r["ci_high"], r["seeds"]), str(r["seeds"] or 0), attack_text(r), searched_text(r),
+            r["verdict"] or "-"]
 
 
 def rows_json(board: Board) -> list[dict[str, Any]]:
@@ -176,22 +237,25 @@ def rows_json(board: Board) -> list[dict[str, Any]]:
 
 PAIRED = PAIRED_WORDS.replace("95% CI: ", "the 95% interval, ")
 NOTE = (f"Final test accuracy (%). Worst-case accuracy: the lowest mean over seeds among the catalogue's attacks "
-        f"and the confirmed searched ones; {CLIPPED_PERCENT_WORDS}. Clean accuracy: the same setting with every "
-        f"Byzantine channel honest (or f = 0 where marked). Verdict within the protocol: best only where every "
-        f"other defense is worse paired over seeds under its own worst attack ({PAIRED}, excludes 0), "
-        f"else tied for best; no verdict on fewer than {MIN_PAIRS} paired seeds.")
+        f"and the confirmed searched ones; {CLIPPED_PERCENT_WORDS}; {DIVERGED_WORDS}, and a cell says how many of "
+        f"its runs diverged. Clean accuracy: the same setting with every Byzantine channel honest (or f = 0 where "
+        f"marked). Threat models are ranked apart: a defense that uses trusted server data (server data: a root "
+        f"set) assumes more than a {ROOT_FREE} one. Verdict within the protocol and threat model: best only where "
+        f"every other defense is worse paired over seeds under its own worst attack ({PAIRED}, excludes 0), else "
+        f"tied for best; no verdict on fewer than {MIN_PAIRS} paired seeds.")
 
 
 def markdown(board: Board) -> str:
-    """The leaderboard as a markdown table, the recommendation lines and the absent protocols."""
-    out = [f"| {' | '.join(COLUMNS)} |", "|" + "---|" * len(COLUMNS)]
+    """The recommendations, the rule of the table, the leaderboard as a markdown table, and the
+    absent protocols."""
+    out = [f"- {line}" for line in board.lines]
+    out += ["", f"gamma = {board.gamma}. {NOTE}", ""]
+    out += [f"| {' | '.join(COLUMNS)} |", "|" + "---|" * len(COLUMNS)]
     for r in board.rows:
         text = cells(r)
         if r["verdict"] == BEST:
             text = [f"**{c}**" for c in text]
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in text) + " |")
-    out += ["", f"gamma = {board.gamma}. {NOTE}", ""]
-    out += [f"- {line}" for line in board.lines]
     out += ["", "Not on the leaderboard (no runs at this setting):", ""]
     out += [f"- {norm_words(p)} (`{p}`): {reason}" for p, reason in board.absent]
     return "\n".join(out) + "\n"
@@ -199,81 +263,155 @@ def markdown(board: Board) -> str:
 
 # ---- the page ----------------------------------------------------------------------------------
 
-CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:80em;color:#222}
-table{border-collapse:collapse;width:100%}th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left;
-vertical-align:top}th{background:#f4f4f4}#leaderboard>thead th{cursor:pointer;user-select:none}
-#leaderboard>thead th:after{content:" \\2195";color:#aaa}
-tr.entry{cursor:pointer}tr.entry:hover{background:#f7f7ff}tr.best{font-weight:bold}td.num{text-align:right}
-tr.runs td{padding:0 8px;border:0}details table{width:auto;font-size:12px;margin:0 0 8px 2em}
-img{max-width:100%}code{font-size:13px}"""
+CSS = """body{font:15px/1.5 system-ui,sans-serif;margin:1em auto;max-width:80em;padding:0 12px;color:#222}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.5em}
+.box{background:#f6f7fb;border:1px solid #dde;border-radius:6px;padding:8px 14px;margin:1em 0}
+.box dt{font-weight:600}.box dd{margin:0 0 6px 0}
+.scroll{overflow-x:auto;max-width:100%;-webkit-overflow-scrolling:touch}
+table{border-collapse:collapse}th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f4f4f4}caption{text-align:left;padding:4px 0;color:#555;font-size:13px}
+#leaderboard{min-width:60em}#leaderboard>thead th button{font:inherit;font-weight:600;background:none;border:0;
+padding:0;cursor:pointer;text-align:left;color:inherit}
+#leaderboard>thead th button:focus-visible{outline:2px solid #36c}
+#leaderboard>thead th[aria-sort=ascending] button:after{content:" \\25B2"}
+#leaderboard>thead th[aria-sort=descending] button:after{content:" \\25BC"}
+tr.entry:hover{background:#f7f7ff}tr.best{font-weight:bold}td.num{text-align:right;white-space:nowrap}
+tr.runs td{padding:0 8px;border:0}details table{font-size:12px;margin:0 0 8px 1em}
+table.heat td{text-align:center;min-width:5.5em}table.heat td small{display:block;color:#333;font-size:11px}
+img{max-width:100%;height:auto}code{font-size:13px}"""
 
-JS = """document.querySelectorAll('#leaderboard th').forEach(function(th, col){
-  th.addEventListener('click', function(){
-    var table = document.getElementById('leaderboard');
-    var up = th.dataset.dir !== 'asc';
-    table.querySelectorAll('th').forEach(function(h){ delete h.dataset.dir; });
-    th.dataset.dir = up ? 'asc' : 'desc';
-    var bodies = Array.prototype.slice.call(table.tBodies);
-    function key(b){ var c = b.rows[0].cells[col]; return c.dataset.v !== undefined ? c.dataset.v : c.textContent; }
-    bodies.sort(function(a, b){
-      var x = key(a), y = key(b), nx = parseFloat(x), ny = parseFloat(y);
-      var d = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : String(x).localeCompare(String(y));
-      return up ? d : -d;
+JS = """(function(){
+  var table = document.getElementById('leaderboard');
+  var heads = Array.prototype.slice.call(table.tHead.rows[0].cells);
+  heads.forEach(function(th, col){
+    th.querySelector('button').addEventListener('click', function(){
+      var up = th.getAttribute('aria-sort') !== 'ascending';
+      heads.forEach(function(h){ h.setAttribute('aria-sort', 'none'); });
+      th.setAttribute('aria-sort', up ? 'ascending' : 'descending');
+      var bodies = Array.prototype.slice.call(table.tBodies);
+      function key(b){ var c = b.rows[0].cells[col]; return c.dataset.v !== undefined ? c.dataset.v : c.textContent; }
+      bodies.sort(function(a, b){
+        var x = key(a), y = key(b), nx = parseFloat(x), ny = parseFloat(y);
+        var d = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : String(x).localeCompare(String(y));
+        return up ? d : -d;
+      });
+      bodies.forEach(function(b){ table.appendChild(b); });
     });
-    bodies.forEach(function(b){ table.appendChild(b); });
   });
-});
-document.querySelectorAll('#leaderboard tr.entry').forEach(function(tr){
-  tr.addEventListener('click', function(){ var d = tr.parentNode.querySelector('details'); d.open = !d.open; });
-});"""
+})();"""
 
 
 def png_uri(fig) -> str:
-    """A matplotlib figure as a data: URI (and closed)."""
+    """A matplotlib figure as a data: URI (and closed); the whole figure, legends included."""
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def _sort_value(r: dict[str, Any], col: int) -> str | None:
     """The number a numeric column sorts by (missing values last when ascending)."""
-    value = {2: r["clean_acc"], 3: r["worst_acc"], 4: r["ci_low"], 5: r["seeds"]}.get(col, "text")
+    value = {3: r["clean_acc"], 4: r["worst_acc"], 5: r["ci_low"], 6: r["seeds"]}.get(col, "text")
     if value == "text":
         return None
     return f"{value:.6g}" if value is not None else "1e9"
 
 
+def heatmap_html(board: Board) -> str:
+    """The worst-case heatmap as an HTML table: a row per defense, a column per protocol; a
+    cell is the worst case in % (its color), its interval, seeds, diverged runs and worst attack."""
+    e = html.escape
+    norms = list(dict.fromkeys(r["norm"] for r in board.rows))
+    defenses = sorted({r["defense"] for r in board.rows}, key=lambda d: (d != "mean", d))
+    cell = {(r["norm"], r["defense"]): r for r in board.rows}
+    head = "".join(f'<th scope="col">{e(norm_words(n))}</th>' for n in norms)
+    body = []
+    for d in defenses:
+        tds = []
+        for n in norms:
+            r = cell.get((n, d))
+            if r is None or r["worst_acc"] is None:
+                tds.append("<td>-</td>" if r is None else "<td>no attack run</td>")
+                continue
+            v = r["worst_acc"]
+            color = f"hsl({round(120 * v)},70%,{round(88 - 20 * (1 - v))}%)"  # red (0%) to green (100%)
+            mark = " (diverged)" if r["diverged"] else ""
+            tds.append(f'<td style="background:{color}">{pct(v)}{mark}<small>{e(ci(r["ci_low"], r["ci_high"], r["seeds"]))}'
+                       f'</small><small>{e(attack_short_of(r))}</small></td>')
+        body.append(f'<tr><th scope="row">{e(d)}</th>{"".join(tds)}</tr>')
+    return (f'<div class="scroll"><table class="heat"><caption>Worst case over the attacks run (%), 95% interval '
+            f'over seeds, and the worst attack (the messages it touched in brackets)</caption><thead><tr>'
+            f'<th scope="col">defense</th>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>')
+
+
+def attack_short_of(r: dict[str, Any]) -> str:
+    """The worst attack of a board row in a few characters (its runs know it)."""
+    return next((run["attack"] for run in r["runs"] if run["worst"]), r["worst_attack"] or "")
+
+
 def figures(rows: list[dict[str, Any]], board: Board) -> list[tuple[str, str]]:
-    """(caption, data URI): the worst-case heatmap of the board's runs, and the curves of each
-    protocol's recommended defense under its worst attack."""
+    """(caption, data URI): the curves of each protocol's recommended defenses (root-free and
+    trusted-data) under their worst attack."""
     from .plots import figure
 
-    attacked = [r for r in rows if r.get("f") and math.isclose(float(r.get("gamma", -1)), board.gamma)]
-    out = []
-    if attacked:
-        out.append(("Worst case over the catalogue's and the searched attacks",
-                    png_uri(figure(attacked, "worst-case", title=f"f = 3 of 10, gamma = {board.gamma}"))))
     picked = []
     for norm in dict.fromkeys(r["norm"] for r in board.rows):
-        ranked = [r for r in board.rows if r["norm"] == norm and r["worst_acc"] is not None]
-        if ranked:
-            best = max(ranked, key=lambda r: r["worst_acc"])
-            worst_hashes = {run["hash"] for run in best["runs"] if run["worst"]}
-            picked += [r for r in rows if r.get("hash") in worst_hashes and r.get("history")]
-    if picked:
-        out.append(("Each protocol's recommended defense under its worst attack: accuracy over rounds "
-                    "(mean over seeds, 95% CI band)", png_uri(figure(picked, "curves"))))
-    return out
+        for model in (ROOT_FREE, TRUSTED):
+            ranked = [r for r in board.rows if r["norm"] == norm and threat(r) == model and r["worst_acc"] is not None]
+            if ranked:
+                best = max(ranked, key=lambda r: r["worst_acc"])
+                worst_hashes = {run["hash"] for run in best["runs"] if run["worst"]}
+                picked += [r for r in rows if r.get("hash") in worst_hashes and r.get("history")]
+    if not picked:
+        return []
+    return [("The highest worst case of each protocol and threat model under its worst attack: accuracy over "
+             "rounds (mean over seeds, 95% CI band)", png_uri(figure(picked, "curves")))]
+
+
+def setup_html(board: Board) -> str:
+    """The setting and the threat model, in words, from the rows' own fields."""
+    e = html.escape
+    v = lambda k: ", ".join(str(x) for x in board.setup.get(k, [])) or "?"
+    gamma = board.gamma
+    spread = ("each honest client holds about one class (seed 002's extreme heterogeneity)" if gamma == 0 else
+              "the data is iid across clients" if gamma == 1 else
+              f"a fraction {gamma} of each client's data is iid, the rest sorted by class")
+    items = [
+        ("Task", f"{v('dataset')}, model {v('model')}, {v('algorithm')} for {v('rounds')} rounds (batch {v('batch_size')}, "
+                 f"lr {v('lr')}, worker momentum {v('momentum')})"),
+        ("Clients", f"n = {v('n')}, of which f = {v('f')} are Byzantine; partition {v('partition')}, gamma = {gamma}: "
+                    f"{spread}"),
+        ("What attackers control", "the Byzantine clients are omniscient (they see every honest message of the round) "
+                                   "and send what the attack forges on each message channel: the gradients (worker "
+                                   "momentum), the BN running means and the BN running variances; each channel is "
+                                   "aggregated by its own rule. GroupNorm sends gradients only."),
+        ("Trusted server data", "a defense marked with a root set (FLTrust) also uses clean training examples the "
+                                "server holds, drawn uniformly (about class-balanced), while each honest client holds "
+                                "about one class: a stronger assumption, ranked apart from the root-free defenses."),
+    ]
+    return '<dl class="box">' + "".join(f"<dt>{e(k)}</dt><dd>{e(t)}</dd>" for k, t in items) + "</dl>"
+
+
+def recommendations_html(board: Board) -> str:
+    e = html.escape
+    norms = list(dict.fromkeys(r["norm"] for r in board.recommendations))
+    text = {(r["norm"], r["threat"]): r["pick"] for r in board.recommendations}
+    body = "".join(f'<tr><th scope="row">{e(norm_words(n))}</th><td>{e(text[n, ROOT_FREE])}</td>'
+                   f"<td>{e(text[n, TRUSTED])}</td></tr>" for n in norms)
+    return (f'<div class="scroll"><table id="recommendations"><caption>Per protocol and threat model: the pick where '
+            f'the paired verdict supports one, else every tied defense</caption><thead><tr><th scope="col">protocol'
+            f'</th><th scope="col">{ROOT_FREE}</th><th scope="col">{TRUSTED}</th></tr></thead><tbody>{body}</tbody>'
+            f"</table></div>")
 
 
 def render_html(board: Board, images: list[tuple[str, str]] = (), title: str = "robustbn leaderboard") -> str:
-    """The page: the leaderboard (`<table id="leaderboard">`, sortable, each row opening to its
-    runs), the recommendation lines, the absent protocols and the figures, all inline."""
+    """The page: the setup and threat model, the recommendations, the leaderboard (`<table
+    id="leaderboard">`, sortable by its header buttons, each row opening to its runs), the
+    heatmap, the absent protocols and the figures, all inline."""
     e = html.escape
-    head = "".join(f"<th>{e(c)}</th>" for c in COLUMNS)
+    head = "".join(f'<th scope="col" aria-sort="none"><button type="button">{e(c)}</button></th>' for c in COLUMNS)
     bodies = []
     for r in board.rows:
         tds = []
@@ -291,16 +429,19 @@ def render_html(board: Board, images: list[tuple[str, str]] = (), title: str = "
         cls = "entry best" if r["verdict"] == BEST else "entry"
         bodies.append(f'<tbody><tr class="{cls}">{"".join(tds)}</tr>'
                       f'<tr class="runs"><td colspan="{len(COLUMNS)}">{details}</td></tr></tbody>')
-    lines = "".join(f"<li>{e(line)}</li>" for line in board.lines)
     absent = "".join(f"<li><b>{e(norm_words(p))}</b> (<code>{e(p)}</code>): {e(reason)}</li>" for p, reason in board.absent)
     imgs = "".join(f'<figure><img alt="{e(c)}" src="{uri}"><figcaption>{e(c)}</figcaption></figure>'
                    for c, uri in images)
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>'
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{e(title)}</title>'
             f"<style>{CSS}</style></head><body><h1>{e(title)}</h1>"
-            f"<p>Which defense to use with which BN protocol, and how bad it can get. gamma = {board.gamma}. "
-            f"{e(NOTE)} Click a header to sort, a row to see its runs.</p>"
-            f'<table id="leaderboard"><thead><tr>{head}</tr></thead>{"".join(bodies)}</table>'
-            f"<h2>Recommendation per protocol</h2><ul>{lines}</ul>"
+            f"<p>Which defense to use with which BN protocol, and how bad it can get.</p>{setup_html(board)}"
+            f"<h2>Which defense to use</h2>{recommendations_html(board)}"
+            f"<h2>The leaderboard</h2><p>gamma = {board.gamma}. {e(NOTE)}</p>"
+            f'<div class="scroll"><table id="leaderboard"><caption>One row per protocol and defense; rows by protocol, '
+            f"then the highest worst case first. Sort by a column with its header button; open a row's runs below "
+            f'it.</caption><thead><tr>{head}</tr></thead>{"".join(bodies)}</table></div>'
+            f"<h2>Worst case per defense and protocol</h2>{heatmap_html(board)}"
             f"<h2>Not on the leaderboard</h2><ul>{absent}</ul>{imgs}<script>{JS}</script></body></html>")
 
 

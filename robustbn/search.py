@@ -16,7 +16,7 @@ Each trial is one attack point run on each of its seeds (`seeds = [...]`, defaul
 scenario's own `seed`), every seed an ordinary run in the results store (its scenario's hash,
 checkpoints, resume). Optuna's TPE sampler proposes the attack point; the objective, minimized,
 is the trial's mean over its seeds of the final test accuracy (the last evaluation, at round
-`rounds`: what the worst-case table and every result view read; a diverged run counts 0.0).
+`rounds`: what the worst-case table and every result view read; a diverged run counts at chance).
 
 A search reports the worst of what it tried. Accuracy before the last evaluation does not
 bound the final one under attack (over the store's 623 attacked 150-round runs, the final fell
@@ -62,7 +62,7 @@ from .store import FINISHED, Store, finite_history, scenario_hash
 
 SEARCH_KEYS = ("trials", "seed", "seeds", "prune_from", "prune_margin", *CHANNELS)
 OBJECTIVE = ("the trial's mean over its seeds of the final test accuracy (the last evaluation); a diverged run "
-             "counts 0.0")
+             "counts at chance, 1 / classes")
 TPE_ATTEMPTS = 3  # proposals from TPE for one trial before untried points are drawn uniformly
 MAX_ATTEMPTS = 200  # proposals for one trial before the search gives up on finding an untried point
 MAX_ENUMERATED = 100_000  # a finite space up to this size is listed to draw its untried points
@@ -113,7 +113,7 @@ class SeedRun:
     hash: str
     scenario: dict[str, Any]
     status: str                     # done, diverged, pruned, failed
-    final_acc: float | None         # diverged: 0.0; None if pruned or failed
+    final_acc: float | None         # diverged: chance, 1 / classes; None if pruned or failed
     rounds_done: int
     ran: bool                       # run (or resumed) by this search, not read back from the store
     bound: float | None = None      # pruned: the trial's lower bound that stopped it
@@ -363,10 +363,11 @@ class _Pruned(Exception):
         self.history, self.bound = history, bound
 
 
-def _accuracy(evaluation: dict, status: str = "done") -> float:
+def _accuracy(evaluation: dict, status: str = "done", dataset: str | None = None) -> float:
     """An evaluation's accuracy as every result view counts it (robustbn.stats.accuracy): a
-    diverged run's, or one not finite, is 0.0."""
-    return accuracy({"status": status, "final_acc": evaluation.get("test_acc")})[0]
+    diverged run's, or one not finite, is chance for `dataset` (1 / classes; without it 0.0,
+    which keeps a pruning bound a lower bound)."""
+    return accuracy({"status": status, "final_acc": evaluation.get("test_acc"), "dataset": dataset})[0]
 
 
 @dataclass
@@ -671,7 +672,7 @@ def _seed_run(ctx: _Context, sc: Scenario, number: int, bound: _Bound) -> SeedRu
     done = history[-1]["round"] if history else 0
     if status == "pruned":
         return SeedRun(sc.seed, run_hash, values, status, None, done, False, bound.first_stop(history)[1])
-    return SeedRun(sc.seed, run_hash, values, status, _final(status, history), done, False)
+    return SeedRun(sc.seed, run_hash, values, status, _final(status, history, values), done, False)
 
 
 def _run(ctx: _Context, sc: Scenario, number: int, run_hash: str, bound: _Bound) -> SeedRun:
@@ -707,11 +708,11 @@ def _run(ctx: _Context, sc: Scenario, number: int, run_hash: str, bound: _Bound)
                           source=ctx.source, resumed_from=result.extra["resumed_from"])
     checkpointing.done_with(run_hash)
     history, _ = finite_history(result.history)
-    return SeedRun(sc.seed, run_hash, values, status, _final(status, history), history[-1]["round"], True)
+    return SeedRun(sc.seed, run_hash, values, status, _final(status, history, values), history[-1]["round"], True)
 
 
-def _final(status: str, history: list[dict]) -> float:
-    return _accuracy(history[-1] if history else {}, status)
+def _final(status: str, history: list[dict], values: dict) -> float:
+    return _accuracy(history[-1] if history else {}, status, values.get("dataset"))
 
 
 def summary(outcome: Outcome) -> str:

@@ -45,9 +45,13 @@ The definition, exactly (`worst_case`):
   where they all come from confirmation files, else "catalogue" (None without sources). The
   worst case is thus the lower of the catalogue's worst and the confirmed searched worst, with
   the seeds and interval of the attack that achieved it.
+- **Threat models**: `server_data` says what a defense needs from the server beyond the
+  messages: None (root-free), or the trusted data a channel's rule uses where it
+  `needs_reference` (FLTrust's root set: "root set of 100, drawn uniformly (about
+  class-balanced)"). Defenses of different threat models are ranked apart.
 - **Verdicts**: settings that differ only in the defense (the channels' pipelines, `agg_f`,
-  the client filter and its parameters, `root_size`) are compared within each norm protocol
-  and value of every other setting field (f, gamma, ...). The best is the highest worst case
+  the client filter and its parameters, `root_size`) are compared within each norm protocol,
+  threat model (`server_data`) and value of every other setting field (f, gamma, ...). The best is the highest worst case
   (pooled mean; ties: the first in the table's order). Every other setting is paired with the
   best over the seeds both ran: `gap` is the mean of (best - this) per seed, `gap_low`,
   `gap_high` its 95% Student-t interval, `gap_pairs` the number of seeds paired. A setting is
@@ -60,6 +64,7 @@ Words, orderings and value keys come from robustbn.labels (shared with the table
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
@@ -70,6 +75,7 @@ from .labels import (
     NOT_SCENARIO,
     attack_short,
     attack_words,
+    channels,
     hashable,
     is_attack,
     norm_order,
@@ -119,6 +125,26 @@ def matrix_rows(paths: Iterable[str | Path], rows: list[dict[str, Any]]) -> list
             if key not in out:
                 out[key] = {**r, "source": str(path)}
     return list(out.values())
+
+
+@functools.lru_cache(maxsize=256)
+def _needs_reference(spec: str) -> bool:
+    """Whether a spec's aggregator takes the server's trusted reference (`needs_reference`)."""
+    import aggregators
+
+    try:
+        return bool(getattr(aggregators.step_class(spec.split("+")[-1].strip()), "needs_reference", False))
+    except (ValueError, TypeError):  # a user's rule this installation cannot find: no claim
+        return False
+
+
+def server_data(row: dict[str, Any]) -> str | None:
+    """What a run's defense needs from the server beyond the clients' messages: None (root-free),
+    or the trusted data a channel's rule uses (`needs_reference`: FLTrust's root set)."""
+    if not any(_needs_reference(spec) for _, _, spec, _ in channels(row).values()):
+        return None
+    size = row.get("root_size")
+    return f"root set of {size if size is not None else 'unknown size'}, drawn uniformly (about class-balanced)"
 
 
 def _source(runs: list[dict[str, Any]]) -> tuple[str | None, str | None]:
@@ -189,7 +215,8 @@ def worst_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 attacked[tuple(hashable(r[k]) for k in ATTACK_FIELDS)].append(r)
             else:
                 baseline.append(r)
-        record = {"norm": first.get("norm"), "defense": setting_defense_words(first), "f": first.get("f")}
+        record = {"norm": first.get("norm"), "defense": setting_defense_words(first), "server_data": server_data(first),
+                  "f": first.get("f")}
         record.update({k: first.get(k) for k in keys if k not in record})
         no_attack = _pool(baseline) if baseline else None
         pooled = [(*_pool(pool), attack_words(pool[0]), pool[0]) for pool in attacked.values()]
@@ -226,7 +253,7 @@ def _verdicts(table: list[dict[str, Any]], per_seed: dict[int, dict | None]) -> 
     """Fill verdict and gap* of the settings that differ only in the defense (the module's
     docstring): the best by pooled worst case, the others paired with it over seeds."""
     others = [k for k in dict.fromkeys(k for t in table for k in t)
-              if k not in set(RESULT) | DEFENSE_FIELDS | {"defense"}]
+              if k not in set(RESULT) | DEFENSE_FIELDS | {"defense"}]  # server_data stays: threat models apart
     groups = defaultdict(list)
     for t in table:
         if t["worst_acc"] is not None:
@@ -251,10 +278,11 @@ def shown_columns(table: list[dict[str, Any]]) -> list[str]:
         return ["norm", "defense", "f", "worst_acc", "ci_low", "ci_high", "seeds", "verdict", "worst_attack",
                 "attacks", "no_attack_acc"]
     fields = [k for k in varying(table, set(RESULT) | {"norm", "defense", "f"})]
-    columns = ["norm", "defense", "f"] + [k for k in fields if k not in DEFENSE_FIELDS]
+    columns = ["norm", "defense", "f"] + [k for k in fields if k not in DEFENSE_FIELDS and k != "server_data"]
     if len({tuple(hashable(t.get(k)) for k in columns) for t in table}) < len(table):
         columns += [k for k in fields if k in DEFENSE_FIELDS]
     sourced = ["worst_kind", "worst_source"] if any(t.get("worst_source") for t in table) else []
-    return columns + ["worst_acc", "ci_low", "ci_high", "seeds", "verdict", "gap", "gap_low", "gap_high",
+    trusted = ["server_data"] if any(t.get("server_data") for t in table) else []
+    return columns + trusted + ["worst_acc", "ci_low", "ci_high", "seeds", "verdict", "gap", "gap_low", "gap_high",
                       "worst_attack", *sourced, "attacks", "diverged", "no_attack_acc"]
 

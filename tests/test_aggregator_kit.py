@@ -102,7 +102,12 @@ def test_broken_rules_fail_with_a_shrunk_counterexample(registered):
 def test_check_aggregator_command_exit_codes(registered, capsys):
     assert main(["check-aggregator", "nnm+trmean", "--examples", "10"]) == 0
     out = capsys.readouterr().out
-    assert "permutation invariance" in out and "held" in out and "failed" not in out
+    assert "permutation invariance" in out and "held" in out and "failed" not in out and "stateful" not in out
+    # a stateful rule: the report says what the kit measured of it (a first round) and what not
+    assert main(["check-aggregator", "cc", "--examples", "10", "--trials", "1", "--steps", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "translation equivariance                 not applicable" in out
+    assert "stateful" in out and "its behaviour across rounds, which its state decides, is not measured" in out
     assert main(["check-aggregator", "first", "--examples", "10"]) == 1
     out = capsys.readouterr().out
     assert "permutation invariance" in out and "failed" in out and "Messages(" in out

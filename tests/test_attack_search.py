@@ -13,6 +13,7 @@ from robustbn import search as attack_search
 from robustbn.checkpoint import checkpoint_dir, request_stop
 from robustbn.cli import main
 from robustbn.store import FINISHED, Store, finite_history
+from robustbn.stats import accuracy
 
 from matrices import one_line_error, torch_threads
 
@@ -92,14 +93,14 @@ def test_a_fixed_seed_gives_the_same_search_and_another_seed_another(tmp_path, c
 
 def test_a_devastating_attack_against_the_mean_is_found(tmp_path, capsys):
     """A huge negative scaling of one gradient out of five wrecks a plain mean: near chance (10
-    classes) or diverged (0.0), while the run without attack learns."""
+    classes) or diverged (counted at chance, 0.1), while the run without attack learns."""
     out = search(capsys, write(tmp_path, BASE + SPACE.format(seed=0)), tmp_path / "s.sqlite")
     worst = out["worst"]
     assert worst["grad_attack"] == "scale" and -1e4 <= worst["grad_attack_params"]["factor"] <= -1e3
     assert worst["final_acc"] <= 0.15 and worst["grad_agg"] == "mean" and worst["norm"] == "fbn"
     with Store(tmp_path / "s.sqlite", readonly=True) as store:
         run = [r for r in store.rows() if r["hash"] == worst["hash"]][0]
-    assert run["status"] in FINISHED and (run["final_acc"] or 0.0) == worst["final_acc"]
+    assert run["status"] in FINISHED and accuracy(run)[0] == worst["final_acc"]
     clean = runner.run(tomllib.loads(BASE))  # the same defense, no attack
     assert clean.final_accuracy > worst["final_acc"] + 0.1
 
@@ -136,9 +137,9 @@ factor = 1e4
 
 def run_to_the_end(scenario: dict) -> list[float]:
     """A trial's scenario run on its own, to its last round: its accuracy at every evaluation
-    (a diverged run ends at 0.0, as the search and every result view count it)."""
+    (a diverged run ends at chance, 1 / 10 classes, as the search and every result view count it)."""
     history, diverged = finite_history(runner.run(scenario).history)
-    return [h["test_acc"] or 0.0 for h in history[:-1]] + [0.0 if diverged else history[-1]["test_acc"]]
+    return [h["test_acc"] or 0.0 for h in history[:-1]] + [0.1 if diverged else history[-1]["test_acc"]]
 
 
 def test_a_search_reports_the_worst_of_its_trials_where_early_accuracy_misleads(tmp_path, capsys,
@@ -177,7 +178,7 @@ def test_a_trials_objective_is_the_mean_over_its_seeds_and_a_stopped_trial_could
     assert finished and out["trials"] == 5 and out["seeds"] == [0, 1, 2]
     for t in finished:
         assert [s["seed"] for s in t["seeds"]] == [0, 1, 2]
-        finals = [rows[s["hash"]]["final_acc"] or 0.0 for s in t["seeds"]]
+        finals = [accuracy(rows[s["hash"]])[0] for s in t["seeds"]]
         assert [rows[s["hash"]]["seed"] for s in t["seeds"]] == [0, 1, 2]
         assert t["final_acc"] == pytest.approx(sum(finals) / 3)
     stopped = [t for t in out["tried"] if t["status"] == "pruned"]

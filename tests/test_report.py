@@ -17,7 +17,8 @@ from test_worst_case import toml_text
 BASE = dict(dataset="synthetic-images", model="simple-cnn", partition="gamma", gamma=0.0, n=10, f=3, rounds=6,
             batch_size=8, eval_every=3)
 DEFENSES = {"mean": dict(bn_agg="mean"), "nnm+median": dict(bn_agg="nnm+median"),
-            "trmean": dict(bn_agg="trmean")}
+            "trmean": dict(bn_agg="trmean"), "fltrust": dict(grad_agg="fltrust", bn_agg="nnm+median")}
+NAN = float("nan")  # a diverged run: it counts at chance, 1 / 10 classes
 CATALOGUE = {"sf-mean": dict(grad_attack="none", bn_mean_attack="sf", bn_var_attack="honest"),
              "alie-grad": dict(grad_attack="alie", bn_mean_attack="honest", bn_var_attack="honest")}
 HONEST = dict(grad_attack="honest", bn_mean_attack="honest", bn_var_attack="honest")
@@ -32,11 +33,15 @@ ACC = {
     ("fbn", "nnm+median", "clean"): (0.78, 0.80, 0.77, 0.79, 0.81),
     ("fbn", "trmean", "sf-mean"): (0.60, 0.50, 0.62, 0.45, 0.58),
     ("fbn", "trmean", "alie-grad"): (0.58, 0.61, 0.57, 0.66, 0.60),
-    ("naive", "mean", "sf-mean"): (0.20, 0.25, 0.22, 0.18, 0.21),
+    ("naive", "mean", "sf-mean"): (0.20, NAN, 0.22, NAN, 0.21),
     ("naive", "mean", "alie-grad"): (0.50, 0.52, 0.49, 0.51, 0.53),
     ("naive", "nnm+median", "sf-mean"): (0.60, 0.62, 0.61, 0.59, 0.63),
     ("naive", "nnm+median", "alie-grad"): (0.48, 0.47, 0.50, 0.46, 0.49),
+    ("fbn", "fltrust", "sf-mean"): (0.75, 0.77, 0.74, 0.76, 0.78),
+    ("fbn", "fltrust", "alie-grad"): (0.70, 0.72, 0.69, 0.71, 0.73),
+    ("fbn", "fltrust", "clean"): (0.80, 0.81, 0.79, 0.80, 0.82),
 }
+CHANCE = 0.1
 # the searched attack on FBN + nnm+median, seeds 0-6: lower than the catalogue's worst (ALIE, 0.556)
 SEARCHED_ACC = (0.30, 0.62, 0.28, 0.55, 0.33, 0.31, 0.36)
 F0_CLEAN = {"naive": (0.90, 0.91, 0.92, 0.90, 0.89)}  # naive has no honest runs: f = 0 stands in
@@ -73,11 +78,17 @@ def setup(tmp_path_factory):
                          + '[[exclude]]\nnorm = "naive"\nbn_agg = "trmean"\n')
     clean = tmp / "clean.toml"
     clean.write_text(toml_text({**BASE, "seed": seeds, "norm": "fbn", "bn_agg": ["mean", "nnm+median"], **HONEST}))
+    trusted = tmp / "trusted.toml"  # a defense with the server's root set: the other threat model
+    trusted.write_text(toml_text({**BASE, "seed": seeds, "norm": "fbn", **DEFENSES["fltrust"],
+                                  "grad_attack": ["none", "alie", "honest"], "bn_mean_attack": ["sf", "honest"],
+                                  "bn_var_attack": "honest"})
+                       + '[[exclude]]\ngrad_attack = "none"\nbn_mean_attack = "honest"\n'
+                       + '[[exclude]]\ngrad_attack = ["alie", "honest"]\nbn_mean_attack = "sf"\n')
     f0 = tmp / "f0.toml"
     f0.write_text(toml_text({**BASE, "seed": seeds, "norm": "naive", "f": 0, "bn_agg": "mean"}))
     searched = tmp / "searched_worst_fbn_nnm_median.toml"
     searched.write_text(toml_text({**BASE, "seed": list(range(7)), "norm": "fbn", **DEFENSES["nnm+median"], **SEARCHED}))
-    return tmp / "s.sqlite", [str(catalogue), str(clean), str(f0), str(searched)]
+    return tmp / "s.sqlite", [str(catalogue), str(clean), str(f0), str(searched), str(trusted)]
 
 
 def board_of(setup):
@@ -90,7 +101,8 @@ def board_of(setup):
 
 def expected(norm, defense):
     """(worst mean, its interval, seeds, worst attack's per-seed values, source) from ACC with scipy."""
-    attacks = {a: list(v) for (n, d, a), v in ACC.items() if (n, d) == (norm, defense) and a != "clean"}
+    attacks = {a: [CHANCE if v != v else v for v in vs] for (n, d, a), vs in ACC.items()
+               if (n, d) == (norm, defense) and a != "clean"}
     if (norm, defense) == ("fbn", "nnm+median"):
         attacks["searched"] = list(SEARCHED_ACC)
     name = min(attacks, key=lambda a: sum(attacks[a]) / len(attacks[a]))
@@ -105,8 +117,11 @@ def test_the_leaderboards_numbers_equal_scipy_on_the_store(setup):
     rows = {(r["norm"], r["defense"]): r for r in board.rows}
     robust = "mean on the gradients, nnm+median on the mean and variance"
     trimmed = "mean on the gradients, trmean on the mean and variance"
-    names = {"mean": "mean", "nnm+median": robust, "trmean": trimmed}
-    assert list(rows) == [("naive", "mean"), ("naive", robust), ("fbn", "mean"), ("fbn", robust), ("fbn", trimmed)]
+    trust = "fltrust on the gradients, nnm+median on the mean and variance"
+    names = {"mean": "mean", "nnm+median": robust, "trmean": trimmed, "fltrust": trust}
+    # within a protocol, the highest worst case first
+    assert list(rows) == [("naive", robust), ("naive", "mean"), ("fbn", trust), ("fbn", trimmed), ("fbn", robust),
+                          ("fbn", "mean")]
     for norm, defense in {(n, d) for n, d, _ in ACC}:
         r = rows[norm, names[defense]]
         mean, (low, high), n, _, name = expected(norm, defense)
@@ -121,11 +136,18 @@ def test_the_leaderboards_numbers_equal_scipy_on_the_store(setup):
         assert (r["worst_kind"] == "searched") == (name == "searched")
     # the searched attack is FBN + nnm+median's worst, on its own 7 seeds, named with its file and messages
     r = rows["fbn", robust]
-    assert r["worst_attack"] == "ipm (eps=1.5) on the gradients + SF on the mean"
+    assert r["worst_attack"] == "IPM (eps=1.5) on the gradients + SF on the mean"
     assert r["worst_source"].endswith("searched_worst_fbn_nnm_median.toml") and r["seeds"] == 7
-    assert r["attacks"] == 3 and rows["fbn", "mean"]["attacks"] == 2
+    assert r["attacks_run"] == 3 and rows["fbn", "mean"]["attacks_run"] == 2 and r["searched"].endswith(
+        "searched_worst_fbn_nnm_median.toml") and rows["fbn", "mean"]["searched"] is None
+    # threat models: only the root-set rule is marked, and it is ranked apart (alone: no verdict)
+    assert {k: v["server_data"] for k, v in rows.items() if v["server_data"]} == {
+        ("fbn", trust): "root set of 100, drawn uniformly (about class-balanced)"}
+    assert rows["fbn", trust]["verdict"] is None
+    # a diverged run counts at chance, and the cell says how many of its runs diverged
+    assert rows["naive", "mean"]["diverged"] == 2 and rows["naive", robust]["diverged"] == 0
     # verdicts: the best by mean, each other paired with it on the seeds both ran (ttest_rel's interval)
-    for norm, defenses in (("naive", ("mean", "nnm+median")), ("fbn", ("mean", "nnm+median", "trmean"))):
+    for norm, defenses in (("naive", ("mean", "nnm+median")), ("fbn", ("mean", "nnm+median", "trmean"))):  # root-free
         worst = {d: expected(norm, d) for d in defenses}
         best = max(defenses, key=lambda d: worst[d][0])
         verdicts = {}
@@ -145,14 +167,39 @@ def test_the_leaderboards_numbers_equal_scipy_on_the_store(setup):
     assert rows["fbn", robust]["verdict"] == "tied for best" and rows["fbn", "mean"]["verdict"] == "worse"
 
 
-def test_recommendation_lines_and_absent_protocols(setup):
+def test_recommendations_per_threat_model_follow_the_verdicts(setup):
     board = board_of(setup)
-    assert board.lines[0] == ("with naive BN, use mean on the gradients, nnm+median on the mean and variance "
-                              "(worst known 48.0% [46.0, 50.0], 5 seeds); tied: none")
-    assert board.lines[1].startswith("with FBN, use mean on the gradients, trmean on the mean and variance (worst known ")
-    assert board.lines[1].endswith("; tied: mean on the gradients, nnm+median on the mean and variance")
+    assert board.lines[:2] == [
+        "with naive BN, root-free: use mean on the gradients, nnm+median on the mean and variance (48.0% [46.0, 50.0], "
+        "5 seeds); every other defense is lower, paired over seeds",
+        "with naive BN, trusted server data: no defense run"]
+    # FBN's best root-free defense is tied: every tied row is named and none is picked
+    assert board.lines[2].startswith("with FBN, root-free: no single pick, 2 tied for best: mean on the gradients, "
+                                     "trmean on the mean and variance (")
+    mean, (low, high), n, _, _ = expected("fbn", "nnm+median")
+    assert board.lines[2].endswith(f"; mean on the gradients, nnm+median on the mean and variance ({100 * mean:.1f}% "
+                                   f"[{100 * low:.1f}, {100 * high:.1f}], {n} seeds)") and " use " not in board.lines[2]
+    assert board.lines[3] == ("with FBN, trusted server data (root set of 100, drawn uniformly (about class-balanced)): "
+                              "fltrust on the gradients, nnm+median on the mean and variance (71.0% [69.0, 73.0], "
+                              "5 seeds), the only such defense run")
     assert [p for p, _ in board.absent] == ["fedbn", "silobn", "fedwon", "fbn-scale"]
     assert all(reason for _, reason in board.absent)
+
+
+def test_use_lines_never_outrun_the_verdict(setup):
+    """Every recommendation says "use" exactly where its row's verdict is best, and a tie names
+    every row tied for best of its protocol and threat model."""
+    from robustbn.report import ROOT_FREE, threat
+
+    board = board_of(setup)
+    for pick in board.recommendations:
+        mine = [r for r in board.rows if r["norm"] == pick["norm"] and threat(r) == pick["threat"]]
+        best = [r for r in mine if r["verdict"] == "best"]
+        assert (": use " in pick["text"]) == bool(best)
+        for r in mine:
+            if r["verdict"] == "tied for best":
+                assert r["defense"] in pick["text"] and "no single pick" in pick["text"]
+    assert {p["threat"] for p in board.recommendations} == {ROOT_FREE, "trusted server data"}
 
 
 def test_json_keys_and_runs(setup):
@@ -177,11 +224,13 @@ def dom_text(r: dict) -> list[str]:
     clean = "not run" if r["clean_acc"] is None else (
         f"{p(r['clean_acc'])} [{p(r['clean_low'])}, {p(r['clean_high'])}] ({r['clean_seeds']} seeds"
         + (", f = 0)" if r["clean_kind"] == "f = 0" else ")"))
-    source = {"searched": f" (searched: {r['worst_source']}; ", "catalogue": " (catalogue; "}[r["worst_kind"]]
-    source += f"worst of {r['attacks']} attacks run)"
+    source = {"searched": f" (searched: {r['worst_source']})", "catalogue": " (catalogue)"}[r["worst_kind"]]
+    worst = p(r["worst_acc"]) + (f" ({r['diverged']} of {r['seeds']} runs diverged)" if r["diverged"] else "")
+    searched = f"{'yes' if r['searched'] else 'no'}; worst of {r['attacks_run']} attacks"
     names = {"naive": "naive BN", "fbn": "FBN"}
-    return [names[r["norm"]], r["defense"], clean, p(r["worst_acc"]), f"[{p(r['ci_low'])}, {p(r['ci_high'])}]",
-            str(r["seeds"]), r["worst_attack"] + source, r["verdict"]]
+    return [names[r["norm"]], r["defense"], r["server_data"] or "none (root-free)", clean, worst,
+            f"[{p(r['ci_low'])}, {p(r['ci_high'])}]", str(r["seeds"]), r["worst_attack"] + source, searched,
+            r["verdict"] or "-"]
 
 
 def test_the_page_in_chromium_equals_the_json_and_sorts(setup, tmp_path):
@@ -195,34 +244,54 @@ def test_the_page_in_chromium_equals_the_json_and_sorts(setup, tmp_path):
     page_path = write_page(rows, tmp_path / "site")
     board = leaderboard(rows)
     want = rows_json(board)
-    requests = []
+    requests, errors = [], []
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
         page = browser.new_page()
         page.on("request", lambda req: requests.append(req.url))
+        page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(page_path.as_uri())
         header = page.eval_on_selector_all("#leaderboard thead th", "ths => ths.map(t => t.textContent)")
         assert header == list(COLUMNS)
+        assert "rows by protocol, then the highest worst case first" in page.text_content("#leaderboard caption")
         read = "trs => trs.map(tr => Array.from(tr.cells).map(td => td.textContent))"
         assert page.eval_on_selector_all("#leaderboard tr.entry", read) == [dom_text(r) for r in want]
+        # the setup, the threat model and the picks stand above the table, in both threat models
+        box = page.text_content("dl.box")
+        assert all(w in box for w in ("synthetic-images", "n = 10", "f = 3", "6 rounds", "gamma = 0.0",
+                                      "BN running means", "Trusted server data"))
+        picks = page.eval_on_selector_all("#recommendations tbody tr", read)
+        assert picks == [[{"naive": "naive BN", "fbn": "FBN"}[r["norm"]], r["pick"], t["pick"]]
+                         for r, t in zip(board.recommendations[::2], board.recommendations[1::2])]
+        assert page.evaluate("document.querySelector('#recommendations').getBoundingClientRect().top < "
+                             "document.querySelector('#leaderboard').getBoundingClientRect().top")
         # every image inline: the page asked for nothing but itself
         assert requests == [page_path.as_uri()]
         assert page.eval_on_selector_all("img", "imgs => imgs.map(i => i.src.slice(0, 22))") == \
             ["data:image/png;base64,"] * len(page.query_selector_all("img"))
         assert all(page.eval_on_selector_all("img", "imgs => imgs.map(i => i.naturalWidth > 100)"))
-        # sort by worst-case accuracy: ascending, then descending on a second click
+        # the heatmap: an HTML table in %, one cell per row of the board
+        heat = page.eval_on_selector_all("table.heat td", "tds => tds.map(t => t.firstChild.textContent)")
+        assert sorted(x for x in heat if x != "-") == sorted(
+            f"{100 * r['worst_acc']:.1f}" + (" (diverged)" if r["diverged"] else "") for r in want)
+        # sort by worst-case accuracy with the keyboard: ascending, then descending
         by_worst = sorted(want, key=lambda r: r["worst_acc"])
-        page.click("#leaderboard thead th:nth-child(4)")
+        worst_button = "#leaderboard thead th:nth-child(5) button"
+        page.focus(worst_button)
+        page.keyboard.press("Enter")
+        assert page.get_attribute("#leaderboard thead th:nth-child(5)", "aria-sort") == "ascending"
         assert page.eval_on_selector_all("#leaderboard tr.entry", read) == [dom_text(r) for r in by_worst]
-        page.click("#leaderboard thead th:nth-child(4)")
+        page.click(worst_button)
+        assert page.get_attribute("#leaderboard thead th:nth-child(5)", "aria-sort") == "descending"
         assert page.eval_on_selector_all("#leaderboard tr.entry", read) == [dom_text(r) for r in by_worst[::-1]]
-        page.click("#leaderboard thead th:nth-child(2)")  # text: by defense
+        page.click("#leaderboard thead th:nth-child(2) button")  # text: by defense
         defenses = page.eval_on_selector_all("#leaderboard tr.entry td:nth-child(2)", "tds => tds.map(t => t.textContent)")
         assert defenses == sorted(defenses)
+        assert page.get_attribute("#leaderboard thead th:nth-child(5)", "aria-sort") == "none"
         # a row opens to its runs
         first = page.query_selector("#leaderboard tbody details")
         assert first.evaluate("d => d.open") is False
-        page.click("#leaderboard tbody tr.entry >> nth=0")
+        page.click("#leaderboard tbody details summary >> nth=0")
         assert first.evaluate("d => d.open") is True
         runs_header = first.eval_on_selector_all("th", "ths => ths.map(t => t.textContent)")
         assert runs_header[:4] == ["seed", "hash", "code_version", "status"]
@@ -230,6 +299,30 @@ def test_the_page_in_chromium_equals_the_json_and_sorts(setup, tmp_path):
         runs = next(b["runs"] for b, r in zip(board.rows, want) if dom_text(r) == shown)
         assert [cells[:4] for cells in first.eval_on_selector_all("tr", read)[1:]] == \
             [[str(run["seed"]), run["hash"], run["code_version"] or "not recorded", run["status"]] for run in runs]
+        # every header of the page, the runs tables' included, clicked: no page error, and only the
+        # leaderboard's own headers sort
+        order = page.eval_on_selector_all("#leaderboard tr.entry", read)
+        page.eval_on_selector_all("details", "ds => ds.forEach(d => { d.open = true; })")
+        for th in page.query_selector_all("details th"):
+            th.click()
+        assert page.eval_on_selector_all("#leaderboard tr.entry", read) == order
+        for th in page.query_selector_all("th"):
+            th.scroll_into_view_if_needed()
+            th.click()
+        assert errors == []
+        # a phone: the page fits 390 px, its text stays readable, the table scrolls in its own box
+        phone = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=3, is_mobile=True)
+        phone.on("pageerror", lambda e: errors.append(str(e)))
+        phone.goto(page_path.as_uri())
+        assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+        assert float(phone.eval_on_selector("#leaderboard td", "td => getComputedStyle(td).fontSize")[:-2]) >= 14
+        box = phone.eval_on_selector("#leaderboard", "t => [t.parentNode.scrollWidth, t.parentNode.clientWidth]")
+        assert box[0] > box[1] and phone.eval_on_selector(
+            "#leaderboard", "t => getComputedStyle(t.parentNode).overflowX") == "auto"
+        for button in phone.query_selector_all("#leaderboard thead th button"):
+            button.scroll_into_view_if_needed()
+            button.click()
+        assert errors == []
         browser.close()
 
 
@@ -247,12 +340,14 @@ def test_report_command_json_markdown_and_page(setup, tmp_path, capsys):
     assert [list(r)[:len(KEYS)] for r in printed] == [list(KEYS)] * len(printed)
     assert main(["report", "--db", str(db), "--format", "markdown", *matrices]) == 0
     text = capsys.readouterr().out
-    assert text.startswith("| " + " | ".join(COLUMNS) + " |") and "- with FBN, use " in text
+    assert text.startswith("- with naive BN, root-free: use ") and "| " + " | ".join(COLUMNS) + " |" in text
+    assert text.index("counts at chance") < text.index("| " + " | ".join(COLUMNS))  # the rule above the table
     assert main(["report", "--db", str(db), "--out", str(tmp_path / "site"), *matrices]) == 0
     page = (tmp_path / "site" / "index.html").read_text()
     assert capsys.readouterr().out.strip() == str(tmp_path / "site" / "index.html")
     assert '<table id="leaderboard">' in page and "http://" not in page and "https://" not in page
-    assert page.count('src="data:image/png;base64,') == 2  # the heatmap and the curves
+    assert page.count('src="data:image/png;base64,') == 1  # the curves (the heatmap is a table)
+    assert '<meta name="viewport"' in page and '<table class="heat">' in page
 
 
 @pytest.mark.parametrize("args, message", [
@@ -278,9 +373,9 @@ def test_fewer_than_five_paired_seeds_give_no_verdict(setup):
     with Store(db, readonly=True) as store:
         rows = [r for r in read_rows(store.rows(), files) if r["seed"] in range(4)]
     board = leaderboard(rows)
-    assert {r["verdict"] for r in board.rows} == {"4 seeds, no verdict"}
+    assert {r["verdict"] for r in board.rows if not r["server_data"]} == {"4 seeds, no verdict"}
     v = ACC["naive", "nnm+median", "alie-grad"][:4]
     low, high = stats.t.interval(0.95, 3, loc=sum(v) / 4, scale=stats.sem(v))
-    assert board.lines[0] == (f"with naive BN, the highest worst case is mean on the gradients, nnm+median on the mean "
+    assert board.lines[0] == (f"with naive BN, root-free: the highest worst case is mean on the gradients, nnm+median on the mean "
                               f"and variance ({100 * sum(v) / 4:.1f}% [{100 * low:.1f}, {100 * high:.1f}], 4 seeds); "
                               f"4 seeds, no verdict")

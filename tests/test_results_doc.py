@@ -100,3 +100,24 @@ def test_a_comparison_on_too_few_seeds_is_named_not_quoted(capsys):
     assert "60." not in lines[2] and "70." not in lines[2]
     block()  # the list of cut comparisons is the block's own: a second block starts empty
     assert capsys.readouterr().out.count("B on two seeds") == 1
+
+
+def test_the_picks_follow_the_generated_verdicts():
+    """The picks above the leaderboard of docs/results.md say "use Y" only where Y's row is
+    best in its protocol and threat model, and name every row tied for best."""
+    text = RESULTS.read_text(encoding="utf-8")
+    block = text[text.index("<!-- [[[cog tables.leaderboard() ]]] -->"):]
+    block = block[:block.index("<!-- [[[end]]] -->")]
+    picks = [line[2:] for line in block.splitlines() if line.startswith("- with ")]
+    rows = [[c.strip().strip("*") for c in line.strip("|").split("|")] for line in block.splitlines()
+            if line.startswith("| ") and not line.startswith("| protocol")]
+    assert picks and rows
+    for protocol, defense, server, *_, verdict in rows:
+        model = "root-free" if server == "none (root-free)" else "trusted server data"
+        (pick,) = [p for p in picks if p.startswith(f"with {protocol}, {model}")]
+        if verdict == "best":
+            assert f": use {defense} (" in pick
+        elif verdict == "tied for best":
+            assert "no single pick" in pick and f"{defense} (" in pick and ": use " not in pick
+        else:
+            assert f": use {defense} (" not in pick

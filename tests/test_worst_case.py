@@ -31,7 +31,8 @@ ACC = {
     ("naive", "nnm+median", "alie-grad"): (0.46, 0.48),
     ("fbn", "mean", "sf-mean"): (0.30, 0.32), ("fbn", "mean", "foe-bn"): (0.60, 0.62),
     ("fbn", "mean", "alie-grad"): (0.70, 0.72),
-    # a diverged run (NaN) counts as 0.0: SF's mean is 0.40 (0.80 if it were left out, above ALIE's 0.61)
+    # a diverged run (NaN) counts at chance, 1 / 10 classes: SF's mean is 0.45 (0.80 if it were left out, above
+    # ALIE's 0.61; 0.40 if it counted 0, below the 10% of a model collapsed to one class)
     ("fbn", "nnm+median", "sf-mean"): (NAN, 0.80), ("fbn", "nnm+median", "foe-bn"): (0.65, 0.67),
     ("fbn", "nnm+median", "alie-grad"): (0.60, 0.62),
 }
@@ -113,15 +114,15 @@ def test_worst_case_pools_seeds_then_takes_the_minimum_over_attacks(db):
     assert t["worst_short"] == "ALIE (grad)" and t["worst_grad_attack"] == "alie"
     assert t["worst_bn_mean_attack"] == t["worst_bn_var_attack"] == "none"
     assert t["no_attack_acc"] is None and t["no_attack_seeds"] == 0
-    # the diverged run counts as 0.0 and is flagged
+    # the diverged run counts at chance (0.1) and is flagged
     t = rows["fbn", ROBUST_DEFENSE, 3]
-    assert t["worst_acc"] == pytest.approx(0.40) and t["worst_attack"] == "SF on the mean" and t["diverged"] == 1
-    assert t["worst_std"] == pytest.approx(0.40 * 2 ** 0.5)  # the sample std of 0.8 and 0.0
+    assert t["worst_acc"] == pytest.approx(0.45) and t["worst_attack"] == "SF on the mean" and t["diverged"] == 1
+    assert t["worst_std"] == pytest.approx(0.35 * 2 ** 0.5)  # the sample std of 0.8 and 0.1
     assert (t["ci_low"], t["ci_high"]) == (0.0, 1.0)  # clipped: t.interval gives about [-4.7, 5.5]
-    # FBN: nnm+median's worst (SF: 0.0, 0.80) against the mean's (SF: 0.30, 0.32): per seed 0.30 and -0.48
+    # FBN: nnm+median's worst (SF: 0.1, 0.80) against the mean's (SF: 0.30, 0.32): per seed 0.20 and -0.48
     assert t["verdict"] == "tied for best" == rows["fbn", MEAN_DEFENSE, 3]["verdict"]
-    d = ttest_rel([0.0, 0.80], [0.30, 0.32])
-    assert rows["fbn", MEAN_DEFENSE, 3]["gap"] == pytest.approx(0.40 - 0.31)
+    d = ttest_rel([0.1, 0.80], [0.30, 0.32])
+    assert rows["fbn", MEAN_DEFENSE, 3]["gap"] == pytest.approx(0.45 - 0.31)
     assert (rows["fbn", MEAN_DEFENSE, 3]["gap_low"], rows["fbn", MEAN_DEFENSE, 3]["gap_high"]) == \
         pytest.approx(tuple(d.confidence_interval(0.95)))
     assert t["no_attack_acc"] == pytest.approx(0.86) and t["attacks"] == 3  # honest is a baseline, not an attack
@@ -180,7 +181,7 @@ def test_results_worst_case_table_csv_json_and_where(db, capsys):
     assert header[:3] == ["norm", "defense", "f"] and "worst_acc" in header and "no_attack_acc" in header
     assert "attacks" in header and "seeds" in header and "diverged" in header
     assert lines[2].startswith("naive ") and "6 settings from 32 finished runs" in out
-    assert "diverged: runs whose final accuracy is NaN or missing, counted as 0.0" in out
+    assert "diverged: runs whose final accuracy is NaN or missing, counted at chance, 1 / classes" in out
     robust_naive = next(line for line in lines if line.startswith("naive") and "nnm+median" in line)
     assert "0.4700" in robust_naive and "ALIE on the gradients" in robust_naive
     assert "[0.3429, 0.5971]" in robust_naive and " best " in robust_naive
@@ -191,7 +192,7 @@ def test_results_worst_case_table_csv_json_and_where(db, capsys):
     table = strict_json(capsys.readouterr().out)
     assert [(t["norm"], t["defense"], t["f"]) for t in table] == [
         ("fbn", MEAN_DEFENSE, 0), ("fbn", MEAN_DEFENSE, 3), ("fbn", ROBUST_DEFENSE, 3)]
-    assert table[2]["worst_acc"] == pytest.approx(0.40) and table[2]["worst_bn_mean_attack"] == "sf"
+    assert table[2]["worst_acc"] == pytest.approx(0.45) and table[2]["worst_bn_mean_attack"] == "sf"
     assert table[2]["worst_bn_mean_attack_params"] == {} and table[1]["no_attack_acc"] is None
 
     assert main(["results", "--db", str(db), "--worst-case", "--format", "csv", "--where", "f=3"]) == 0
@@ -253,7 +254,7 @@ def test_plot_worst_case_heatmap(db, tmp_path, capsys):
     cells = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in f3.texts}
     # each cell: the worst case, its 95% interval over the two seeds (clipped to [0, 1]) and their number, the attack
     assert cells == {(0, 0): "0.21\n[0.08, 0.34] (2 seeds)\nSF (mean)", (1, 0): "0.47\n[0.34, 0.60] (2 seeds)\nALIE (grad)",
-                     (0, 1): "0.31\n[0.18, 0.44] (2 seeds)\nSF (mean)", (1, 1): "0.40\n[0.00, 1.00] (2 seeds)\nSF (mean)"}
+                     (0, 1): "0.31\n[0.18, 0.44] (2 seeds)\nSF (mean)", (1, 1): "0.45\n[0.00, 1.00] (2 seeds)\nSF (mean)"}
     clean = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in panels[0].texts}
     assert clean == {(0, 0): "0.91\n[0.78, 1.00] (2 seeds)\nno attack", (0, 1): "0.94\n[0.81, 1.00] (2 seeds)\nno attack"}
     # framed: naive's best (thick); FBN's two tied for best (thin)
@@ -364,7 +365,7 @@ def test_the_worst_case_takes_a_confirmed_searched_attack_where_it_is_lower(tmp_
     assert t["worst_acc"] == pytest.approx(sum(accs) / 4) and t["seeds"] == 4
     assert (t["ci_low"], t["ci_high"]) == pytest.approx(t_dist.interval(0.95, 3, loc=sum(accs) / 4, scale=sem(accs)))
     assert (t["worst_kind"], t["worst_source"]) == ("searched", searched)
-    assert t["worst_attack"] == "ipm (eps=1.5) on the gradients + SF on the mean" and t["attacks"] == 3
+    assert t["worst_attack"] == "IPM (eps=1.5) on the gradients + SF on the mean" and t["attacks"] == 3
     # without the confirmation file the catalogue's worst stands: ALIE's 0.42 over seeds 0-2
     with Store(db, readonly=True) as store:
         (t,) = worst_case(matrix_rows([catalogue], store.rows()))
@@ -405,7 +406,7 @@ def test_results_and_plot_worst_case_read_several_matrix_files(tmp_path, capsys)
         from robustbn.worst import matrix_rows
         fig = figure(matrix_rows([catalogue, searched], store.rows()), "worst-case")
     (panel,) = [a for a in fig.axes if a.get_title()]
-    assert [t.get_text().splitlines()[-3:] for t in panel.texts] == [["ipm (grad)", "+ SF (mean)", "(searched)"]]
+    assert [t.get_text().splitlines()[-3:] for t in panel.texts] == [["IPM (grad)", "+ SF (mean)", "(searched)"]]
     assert "(searched): the worst attack is an attack search's" in fig.get_suptitle()
     assert main(["plot", "worst-case", "--db", str(db), "--out", str(tmp_path / "w.png"), "--matrix", catalogue,
                  "--matrix", searched]) == 0

@@ -19,7 +19,7 @@ def register(sub) -> None:
                                    "names or one value; seeds = [...] (every trial runs on each; default the "
                                    "scenario's seed). Optuna's TPE sampler proposes attacks; the search minimizes the "
                                    "trial's mean over its seeds of the final test accuracy (the last evaluation; "
-                                   "diverged: 0.0). Trials are distinct attacks: a proposal equal to a tried one is a "
+                                   "diverged: chance, 1 / classes). Trials are distinct attacks: a proposal equal to a tried one is a "
                                    "repeat, counted apart. No run stops on its accuracy curve unless prune_margin < 1; "
                                    "a trial stops early (status `pruned`, kept with its bound, never a finished run) "
                                    "only when its seeds run already put its objective above the worst found. Every "

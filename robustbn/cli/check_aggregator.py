@@ -111,6 +111,11 @@ def cmd_check_aggregator(args) -> int:
             print("\n".join(f"{'':<{width}}    {line}" for line in o.counterexample.splitlines()))
     failed = any(o.status == "failed" for o in outcomes)
     if not args.attack:
+        import aggregators
+
+        if aggregators.is_stateful(aggregators.build(args.spec, f=args.f or 0, **params)):
+            print(f"{'stateful':<{width}}  every property and kappa ran from a fresh state (a first round); its "
+                  f"behaviour across rounds, which its state decides, is not measured here")
         failed = not _kappa_line(args, params, width) or failed
     return 1 if failed else 0
 
