@@ -253,16 +253,17 @@ def search_coverage() -> None:
     from robustbn.worst import SEARCHED_PREFIX
 
     rows = board(board_runs()).rows
-    top = {norm: max(r["worst_acc"] for r in rows if r["norm"] == norm and r["worst_acc"] is not None)
-           for norm in {r["norm"] for r in rows}}
+    model = lambda r: (r["norm"], bool(r["server_data"]))  # a protocol's threat model: ranked apart
+    top = {m: max(r["worst_acc"] for r in rows if model(r) == m and r["worst_acc"] is not None)
+           for m in {model(r) for r in rows if r["worst_acc"] is not None}}
 
     def searched(r):
         return any(SEARCHED_PREFIX in str(run.get("source") or "") for run in r["runs"])
 
-    picked = [r for r in rows if r["verdict"] in ("best", "tied for best") or r["worst_acc"] == top[r["norm"]]]
+    picked = [r for r in rows if r["verdict"] in ("best", "tied for best") or r["worst_acc"] == top.get(model(r))]
     missing = [f"{norm_words(r['norm'])} with {r['defense']}" for r in picked if not searched(r)]
     print(f"Searched (a confirmation file's runs in the cell): {sum(map(searched, picked))} of the {len(picked)} "
-          f"rows that are best, tied for best or highest of their protocol"
+          f"rows that are best, tied for best or highest of their protocol and threat model"
           + (f"; not searched: {'; '.join(missing)}" if missing else "")
           + f". Of the other rows, {sum(searched(r) for r in rows if r not in picked)} of "
           f"{len(rows) - len(picked)} were searched.")

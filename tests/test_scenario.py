@@ -67,3 +67,27 @@ def test_shipped_scenario_files_keep_their_run_hashes(clean_search_path):
         scenarios = expand(tomllib.loads(DEMO_TOML), "demo") if name == "demo" else load(root / name)[1]
         now = [scenario_hash(s.to_dict()) for s in scenarios]
         assert len(set(now)) == len(now) and not set(hashes) - set(now), name
+
+
+def test_cc_runs_stored_before_keep_their_hash_and_meaning_and_a_new_cc_run_gets_its_own():
+    """cc's default changed (the previous aggregate as its center, tau 10). A run stored with
+    `cc` and no `center` was the stateless rule from the median: its row keeps its hash (the
+    export's check reads it as it is), a scenario file's `cc` now writes center = "previous" and
+    hashes apart, and center = "median" builds the old rule again."""
+    import aggregators
+    from robustbn.store import scenario_dict, scenario_hash
+
+    base = {"dataset": "synthetic-images", "f": 2, "grad_attack": "alie"}
+    stored = {**Scenario(**base, grad_agg="cc").canonical().to_dict(), "grad_agg_params": {}}
+    assert scenario_dict(stored) == stored
+    new = Scenario.from_dict({**base, "grad_agg": "cc"}).to_dict()
+    assert new["grad_agg_params"] == {"center": "previous"} and scenario_hash(new) != scenario_hash(stored)
+    assert Scenario.from_dict(new).to_dict() == new  # validating again changes nothing
+    old = Scenario.from_dict({**base, "grad_agg": "cc", "grad_agg_params": {"center": "median"}}).to_dict()
+    rule = aggregators.build(old["grad_agg"], f=2, **old["grad_agg_params"]).agg
+    assert (rule.center, rule.tau, rule.iters, rule.stateful) == ("median", 1.0, 3, False)
+    # both BN channels through the shorthand, and one BN channel alone: each spelled where it applies
+    both = Scenario.from_dict({**base, "bn_agg": "cc"}).to_dict()
+    assert both["bn_agg_params"] == {"center": "previous"}
+    one = Scenario.from_dict({**base, "bn_mean_agg": "cc", "bn_var_agg": "mean"}).to_dict()
+    assert one["bn_mean_agg_params"] == {"center": "previous"} and one["bn_var_agg_params"] == {}
