@@ -27,7 +27,7 @@ from .basic import (
     alie_z,
 )
 from .fang import Fang
-from .optimal import OptimalALIE, OptimalFOE
+from .optimal import Adaptive, OptimalALIE, OptimalFOE
 from .search import MinMax, MinSum
 from .statistics import StatisticsSearch
 
@@ -47,7 +47,7 @@ def register(cls: type[Attack]) -> type[Attack]:
 
 
 for _cls in (Honest, SignFlipping, FallOfEmpires, ALittleIsEnough, Gaussian, NaNAttack, InfAttack, Mimic, Scaling,
-             OptimalFOE, OptimalALIE, InnerProductManipulation, MinMax, MinSum, Fang, LabelFlipping,
+             OptimalFOE, OptimalALIE, Adaptive, InnerProductManipulation, MinMax, MinSum, Fang, LabelFlipping,
              StatisticsSearch):
     register(_cls)
 
@@ -95,5 +95,5 @@ def build(name: str, seed: int | None = None, pipeline=None, **params) -> Attack
 
 __all__ = ["ATTACKS", "Attack", "StatisticsSearch", "build", "get", "names", "register", "alie_z", "SignFlipping", "FallOfEmpires",
            "ALittleIsEnough", "Gaussian", "Honest", "NaNAttack", "InfAttack", "Mimic", "Scaling",
-           "OptimalFOE", "OptimalALIE", "InnerProductManipulation", "MinMax", "MinSum", "Fang",
+           "OptimalFOE", "OptimalALIE", "Adaptive", "InnerProductManipulation", "MinMax", "MinSum", "Fang",
            "LabelFlipping"]

@@ -70,4 +70,44 @@ class OptimalALIE(_LineSearch):
         return mean, -std
 
 
-__all__ = ["OptimalFOE", "OptimalALIE", "alie_z"]
+class Adaptive(Attack):
+    """The adaptive attack of FLTrust's paper (Cao, Fang, Liu and Gong, NDSS 2021), for any
+    pipeline: f identical Byzantine messages b chosen against the aggregate the server computes,
+    with everything the server uses (FLTrust: this round's reference, which Cao et al.'s attacker
+    knows). The objective is theirs (Fang et al.'s directed deviation): minimize s . F(honest, b,
+    ..., b), s = sign(mean(honest)), so the server's step goes against the honest direction.
+    Cao et al. solve it with their own approximation; here `steps` steps of normalized gradient
+    descent through the pipeline (torch autograd), from the honest mean, each of length `lr` x
+    ||mean(honest)||, the best iterate kept. Needs a pipeline torch can differentiate: a rule that
+    works on the host (cclust, signguard) raises at its first round."""
+
+    name = "adaptive"
+    needs_pipeline = True
+
+    def __init__(self, pipeline: Aggregate, steps: int = 10, lr: float = 0.2):
+        self.pipeline = pipeline_of(self.name, pipeline)
+        self.steps = iterations(self.name, "steps", steps)
+        self.lr = real(self.name, "lr", lr, 0.0, low_open=True)
+
+    def forge(self, honest, f):
+        honest = honest.detach()
+        mean = honest.mean(0)
+        sign = torch.sign(mean)
+        step = self.lr * torch.linalg.vector_norm(mean)
+        b = mean.clone()
+        best, best_value = b.clone(), None
+        with torch.enable_grad():
+            for _ in range(self.steps + 1):
+                b.requires_grad_(True)
+                value = sign @ self.pipeline(torch.cat([honest, b.expand(f, -1)]))
+                (grad,) = torch.autograd.grad(value, b)
+                with torch.no_grad():
+                    better = value < best_value if best_value is not None else torch.ones((), dtype=torch.bool)
+                    best = torch.where(better, b, best)  # on the device: no host sync
+                    best_value = torch.where(better, value, best_value) if best_value is not None else value.detach()
+                    length = torch.linalg.vector_norm(grad)
+                    b = b - step * grad / torch.where(length > 0, length, torch.ones_like(length))
+        return repeat(best.detach(), f)
+
+
+__all__ = ["Adaptive", "OptimalFOE", "OptimalALIE", "alie_z"]

@@ -118,6 +118,42 @@ def test_optimal_attack_beats_fixed_one_against_mean():
     assert attack.last_factor.item() == 5.0
 
 
+@given(seed=seeds, h=st.integers(2, 9), f=st.integers(1, 4))
+def test_the_adaptive_attack_turns_fltrust_against_the_honest_direction(seed, h, f):
+    """Cao et al.'s attacker knows the server's reference: its f messages lower the aggregate's
+    directed component s . F (s = sign of the honest mean) at least as far as any iterate it
+    tried, the honest mean (its start) included, so never above FLTrust on the honest rows alone
+    with copies of their mean; and it leaves the honest messages as they were."""
+    g = torch.Generator().manual_seed(seed)
+    honest = torch.randn(h, 40, generator=g, dtype=torch.float64) + 0.3
+    reference = honest.mean(0) + 0.2 * torch.randn(40, generator=g, dtype=torch.float64)
+    rule = aggregators.build("fltrust")
+    pipeline = lambda x: rule(x, reference=reference)
+    before = honest.clone()
+    attack = attacks.build("adaptive", pipeline=pipeline)
+    byzantine = attack(honest, f)
+    s = torch.sign(honest.mean(0))
+    start = s @ pipeline(torch.cat([honest, honest.mean(0).expand(f, -1)]))
+    assert s @ pipeline(torch.cat([honest, byzantine])) <= start + 1e-9
+    assert torch.equal(honest, before) and byzantine.shape == (f, 40)
+    assert torch.equal(byzantine[0], byzantine[-1])  # f identical messages
+
+
+def test_the_adaptive_attack_finds_what_a_sign_flip_cannot_against_fltrust():
+    """SF's message has a negative cosine with the reference: FLTrust gives it no weight. The
+    adaptive attack keeps a positive one and still pulls the step against the honest direction."""
+    g = torch.Generator().manual_seed(0)
+    honest = torch.randn(7, 200, generator=g, dtype=torch.float64) * 0.5 + 1.0
+    reference = honest.mean(0) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)
+    rule = aggregators.build("fltrust")
+    pipeline = lambda x: rule(x, reference=reference)
+    s = torch.sign(honest.mean(0))
+    directed = lambda byz: float(s @ pipeline(torch.cat([honest, byz])))
+    sf = directed(attacks.build("sf")(honest, 3))
+    assert sf == pytest.approx(float(s @ pipeline(honest)))  # no weight
+    assert directed(attacks.build("adaptive", pipeline=pipeline)(honest, 3)) < 0.9 * sf
+
+
 def test_build_errors_are_clear():
     assert attacks.build("none") is None
     with pytest.raises(ValueError, match="unknown attack 'bogus'; allowed: none, honest, sf, foe, alie"):
