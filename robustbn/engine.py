@@ -55,6 +55,20 @@ def _finite(g: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
 
 
+def _sharing_state(pipeline: aggregators.Pipeline, main: aggregators.Pipeline) -> aggregators.Pipeline:
+    """`pipeline` with the stateful steps of `main` in place of its own (the same rule at the
+    same place): a channel keeps one state (cc's center, cclust's norms) whatever number of
+    messages a client filter leaves."""
+    def settings(step):  # its public plain values, but f (built for fewer messages) and recording
+        return {k: v for k, v in vars(step).items() if not k.startswith("_") and k not in ("f", "recording")
+                and isinstance(v, (bool, int, float, str, type(None)))}
+
+    ours, theirs = [*pipeline.pre, pipeline.agg], [*main.pre, main.agg]
+    shared = [t if getattr(t, "stateful", False) and type(t) is type(o) and settings(t) == settings(o) else o
+              for o, t in zip(ours, theirs)]
+    return aggregators.Pipeline(shared[:-1], shared[-1])
+
+
 class Channel:
     """One message channel: its attack and its robust pipeline. `f` Byzantine clients send on
     it (none when the attack is "none"); the pipeline is built for `agg_f` of them."""
@@ -104,7 +118,7 @@ class Channel:
             for f in range(self.agg_f, -1, -1):
                 try:
                     params = {"seed": self.seed, **self.agg_params}
-                    self._filtered[m] = aggregators.build(self.spec, f=f, n=m, **params)
+                    self._filtered[m] = _sharing_state(aggregators.build(self.spec, f=f, n=m, **params), self.pipeline)
                     break
                 except ValueError:
                     continue

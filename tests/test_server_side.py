@@ -188,6 +188,21 @@ def spy_pipelines(fed):
     return got
 
 
+def test_a_stateful_rule_keeps_one_state_per_channel_whatever_a_filter_leaves(drop_first_and_last):
+    """cc's center is the previous aggregate of its channel: the pipeline built for the messages
+    a client filter kept shares the channel's cc, so the state goes on from round to round."""
+    fed = federation(client_filter="drop-first-and-last", grad_attack="sf", bn_mean_attack="sf",
+                     bn_var_attack="honest", grad_agg="nnm+cc")
+    fed.step()
+    n = fed.sc.n
+    kept = fed.grad_channel.pipeline_for(n - 2, n)
+    assert kept is not fed.grad_channel.pipeline and kept.agg is fed.grad_channel.pipeline.agg
+    first = kept.agg.previous.clone()
+    fed.step()
+    assert not torch.equal(kept.agg.previous, first)  # the second round started from the first's
+    assert kept.pre[0].f <= fed.sc.f  # NNM itself is built for the messages kept
+
+
 @pytest.mark.parametrize("algorithm", ["dsgd", "fedavg"])
 def test_the_filter_drops_the_same_clients_on_every_channel(drop_first_and_last, algorithm):
     fed = federation(client_filter="drop-first-and-last", grad_attack="sf", bn_mean_attack="sf",
