@@ -214,8 +214,9 @@ def _print_worst_case(rows: list[dict], fmt: str) -> int:
         notes = [f"{len(table)} settings from {len(rows)} finished runs; worst_acc: the lowest mean over seeds "
                  f"among the attacks run, with its {CLIPPED_WORDS} of that attack",
                  "verdict: per norm protocol and threat model (server_data: the trusted data a rule uses; blank: "
-                 "root-free) and value of f, gamma, ..., the defense with the highest worst_acc is best only where every other's gap (best - it, paired over seeds under each one's worst attack) has an "
-                 "interval excluding 0, else tied for best"]
+                 "root-free) and value of f, gamma, ..., the defense with the highest worst_acc is best only where "
+                 "every other's gap (best - it, paired over seeds under each one's worst attack) has an interval "
+                 "excluding 0, else tied for best"]
         if any(t["diverged"] for t in table):
             notes.append("diverged: runs whose final accuracy is NaN or missing, counted at chance, 1 / classes")
         if any(t.get("worst_source") for t in table):
