@@ -15,11 +15,15 @@ def register(sub) -> None:
                                    "channel honest, or f = 0), worst-case accuracy over the catalogue's attacks and "
                                    "the confirmed searched ones (lowest mean over seeds), its 95% CI (Student t over "
                                    "seeds), seeds, the worst attack (the messages it touched, catalogue or searched, "
-                                   "and the file), and the verdict within the protocol (best, tied for best, worse: "
-                                   "paired over seeds). Under it, one line per protocol: \"with X, use Y (worst "
-                                   "known Z% [a, b]); tied: ...\". --out DIR writes DIR/index.html, one page with "
-                                   "its CSS, script and images inline (no network): the sortable table (click a "
-                                   "header), each row opening to its runs, the worst-case heatmap and curves. "
+                                   "and the file), the server data a defense uses (FLTrust's root set: another "
+                                   "threat model, ranked apart), whether an attack search reached it, and the "
+                                   "verdict within the protocol and threat model (best, tied for best, worse: paired "
+                                   "over seeds). A diverged run counts at chance, 1 / classes. Above it, per protocol, "
+                                   "a root-free pick and a trusted-data pick in the words of the verdict (\"use Y\" "
+                                   "only where Y is best; a tie names every tied defense). --out DIR writes "
+                                   "DIR/index.html, one page with its CSS, script and images inline (no network): "
+                                   "the setup and threat model, the picks, the sortable table (header buttons), each "
+                                   "row opening to its runs, the worst-case heatmap (a table, in %) and curves. "
                                    "The runs are those of the --matrix files (default: "
                                    "scenarios/worst_case_fmnist.toml, scenarios/clean_worst_case_fmnist.toml and "
                                    "every scenarios/searched_worst_*.toml, under the current directory).",
@@ -32,8 +36,8 @@ def register(sub) -> None:
     p.add_argument("--out", metavar="DIR", default=None, help="write DIR/index.html")
     p.add_argument("--format", choices=["json", "markdown"], default=None,
                    help="print the rows (json: keys norm, defense, clean_acc, worst_acc, ci_low, ci_high, seeds, "
-                        "worst_attack, verdict, then the clean interval, the worst attack's file and the gap) or the "
-                        "leaderboard in markdown")
+                        "worst_attack, verdict, server_data, searched, attacks_run, diverged, then the clean "
+                        "interval, the worst attack's file and the gap) or the leaderboard in markdown")
     p.add_argument("--matrix", metavar="FILE", action="append", default=[],
                    help="read the runs of this scenario file (repeatable; replaces the default files); an "
                         "attack search's confirmation file (searched_worst_*.toml) holds searched attacks")

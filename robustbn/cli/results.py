@@ -37,8 +37,9 @@ def register(sub) -> None:
                                    "worst final accuracy over the attacks run against it, seeds pooled first (mean "
                                    "over seeds), the attack that achieved it and the accuracy without attack. "
                                    "f > 0 runs whose every channel is none or honest are the no-attack baseline, "
-                                   "not attacks; diverged runs (NaN accuracy) count at chance, 1 / classes. --pooled: a row per "
-                                   "group of runs differing only in seed, with the mean over seeds and its 95% "
+                                   "not attacks; diverged runs (NaN accuracy) count at chance, 1 / classes. "
+                                   "--pooled: a row per group of runs differing only in seed, with the mean over "
+                                   "seeds and its 95% "
                                    "confidence interval (Student t). --compare: paired differences between two "
                                    "values of one field, seed by seed.",
                        epilog="examples:\n  robustbn results\n  robustbn results --where norm=fbn --where f=3\n"
