@@ -25,7 +25,7 @@ eval_every = 3
 """
 
 RULES = ["mda", "smea", "caf", "bulyan", "dnc", "signguard", "cclust", "fltrust"]
-ATTACKS = ["ipm", "minmax", "minsum", "fang", "labelflip"]
+ATTACKS = ["ipm", "minmax", "minsum", "fang", "labelflip", "adaptive"]
 
 
 def run_matrix(tmp_path, text, db="m.sqlite"):
