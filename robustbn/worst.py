@@ -51,8 +51,8 @@ The definition, exactly (`worst_case`):
   class-balanced)"). Defenses of different threat models are ranked apart.
 - **Verdicts**: settings that differ only in the defense (the channels' pipelines, `agg_f`,
   the client filter and its parameters, `root_size`) are compared within each norm protocol,
-  threat model (`server_data`) and value of every other setting field (f, gamma, ...). The best is the highest worst case
-  (pooled mean; ties: the first in the table's order). Every other setting is paired with the
+  threat model (`server_data`) and value of every other setting field (f, gamma, ...). The
+  best is the highest worst case (pooled mean; ties: the first in the table's order). Every other setting is paired with the
   best over the seeds both ran: `gap` is the mean of (best - this) per seed, `gap_low`,
   `gap_high` its 95% Student-t interval, `gap_pairs` the number of seeds paired. A setting is
   "worse" where that interval excludes 0, else "tied for best" (one shared seed: no
@@ -201,8 +201,8 @@ def worst_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     one seed), worst_std (the spread over those seeds), worst_attack (in words), worst_short
     (a few characters: "SF (mean)"), worst_kind and worst_source (catalogue or searched, and
     the file: rows with `source`, see `matrix_rows`), worst_<channel>_attack[_params] (the raw fields),
-    attacks (how many), seeds (of the worst attack), diverged (runs of the setting counted as
-    0.0), verdict, gap, gap_low, gap_high, gap_pairs (against the best defense, paired over
+    attacks (how many), seeds (of the worst attack), diverged (runs of the setting counted at
+    chance), verdict, gap, gap_low, gap_high, gap_pairs (against the best defense, paired over
     seeds), no_attack_acc, no_attack_low, no_attack_high, no_attack_seeds. See the module's
     docstring for the definition."""
     keys, settings = setting_groups(rows)
