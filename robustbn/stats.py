@@ -128,8 +128,8 @@ def too_few(n: int | None) -> str | None:
 
 # ---- over runs ---------------------------------------------------------------------------------
 
-DIVERGED_WORDS = ("a diverged run (non-finite loss or accuracy) counts at chance, 1 / classes (10% with ten classes): the "
-                  "accuracy of a model collapsed to one class")
+DIVERGED_WORDS = ("a diverged run (non-finite loss or accuracy) counts at chance, 1 / classes (10% with ten "
+                  "classes): the accuracy of a model collapsed to one class")
 
 
 def chance(row: dict[str, Any]) -> float:
