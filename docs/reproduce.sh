@@ -64,6 +64,18 @@ $PLOT curves --where gamma=0.0 --where rounds=1500 --where f=0 \
 # Worst case over attacks: defenses x norm protocols, the strongest attack of each family
 $RUN scenarios/worst_case_fmnist.toml
 $RUN scenarios/worst_case_fmnist.toml --set gamma=0.0 --set 'seed=[0, 1, 2, 3, 4]'  # the verdicts' five seeds
+# issue 38 (the line above holds these; this is the order they ran in, FBN first): the root-free rules as
+# published (cc, bucketing+cc, arc+nnm+trmean), the undefended mean, IPM against every row, and FLTrust's
+# paper's adaptive attack against the root-set rows
+S38="--set gamma=0.0 --set seed=[0,1,2,3,4]"
+for norm in fbn naive hbn fixbn fedtan gn; do
+  $RUN scenarios/clean_worst_case_fmnist.toml --set norm=$norm --set 'grad_agg=["mean","cc","bucketing+cc","arc+nnm+trmean"]'
+  for agg in cc bucketing+cc arc+nnm+trmean mean; do
+    $RUN scenarios/worst_case_fmnist.toml $S38 --set norm=$norm --set grad_agg=$agg --set client_filter=none
+  done
+  [ $norm = fedtan ] || $RUN scenarios/worst_case_fmnist.toml $S38 --set norm=$norm --set grad_attack=adaptive  # no root set
+  $RUN scenarios/worst_case_fmnist.toml $S38 --set norm=$norm --set grad_attack=ipm
+done
 # the adaptive worst case of three defenses (Optuna, 40 trials each, seeded; every trial a run in the store)
 for cell in fbn_nnm_trmean fbn_dnc naive_dnc; do
   robustbn attack-search scenarios/search_$cell.toml --db $DB --format json > docs/search_$cell.json
