@@ -197,7 +197,9 @@ def load(path: str | Path, overrides: list[str] = ()) -> tuple[dict[str, Any], S
         if key in FIELDS and len(alternatives(key, value)) > 1:
             raise SearchError(f"{src}: key {key!r} is a list ({value!r}); a search file gives one value per field "
                               f"(the search varies only the attacks of [search]; `robustbn run` runs a matrix)")
-    base = expand(values, src)[0]
+    # the fixed fields checked with the searched channels sent honestly (a client filter wants statistics)
+    probe = {**values, **{f"{c}_attack": "honest" for c in CHANNELS if isinstance(table.get(c), dict)}}
+    base = expand(probe, src)[0]
     space = _space(table, values, base, src)
     _check_corners(values, space, src)
     return values, space

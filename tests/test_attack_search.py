@@ -469,3 +469,25 @@ def test_a_run_stops_only_where_its_trials_lower_bound_exceeds_the_worst(worst, 
     assert (at is not None) == stops
     if stops:
         assert at == pytest.approx((banked + max(0.0, acc - 0.2)) / 3) and at > worst
+
+
+def test_a_defense_with_a_client_filter_is_searched(tmp_path, capsys):
+    """BNGuard reads every client's statistics, so a scenario that leaves a BN channel's attack
+    out is refused by `robustbn run`; a search file leaves out the attacks it searches, and its
+    trials on the BN channels are what the filter reads (issue 38: the BNGuard rows searched)."""
+    text = BASE.replace('grad_agg = "mean"', 'grad_agg = "mean"\nbn_agg = "mean"\nclient_filter = "bnguard"') + """
+[search]
+trials = 2
+seed = 0
+[search.grad]
+attacks = ["honest", "alie"]
+[search.bn_mean]
+attacks = ["honest", "sf"]
+[search.bn_var]
+attacks = ["honest"]
+"""
+    out = search(capsys, write(tmp_path, text), tmp_path / "s.sqlite")
+    assert out["trials"] and out["worst"]["client_filter"] == "bnguard"
+    with Store(tmp_path / "s.sqlite", readonly=True) as store:
+        rows = store.rows()
+    assert rows and all(r["client_filter"] == "bnguard" and r["bn_var_attack"] == "honest" for r in rows)
