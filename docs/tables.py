@@ -771,7 +771,7 @@ def clean_board_run(r) -> bool:
 def issue38_row(r) -> bool:
     """A run of a board row issue 38 added: cc, bucketing+cc, ARC, or the mean without a filter."""
     return r["rounds"] == 150 and r["grad_agg"] in ISSUE38_DEFENSES + ("mean",) and (
-        r["grad_agg"] != "mean" or r["client_filter"] in (None, "", "none"))
+        r["grad_agg"] != "mean" or r.get("client_filter") in (None, "", "none"))
 
 
 ISSUE30 = (
@@ -788,7 +788,7 @@ ISSUE38 = (
     ("the new rows' attacked runs", lambda r: r["rounds"] == 150 and r["gamma"] == 0.0 and not clean_board_run(r)
      and issue38_row(r) and r["seed"] in BOARD_SEEDS),
     ("IPM against the earlier rows", lambda r: r["rounds"] == 150 and r["gamma"] == 0.0 and r["grad_attack"] == "ipm"
-     and not r["grad_attack_params"] and not issue38_row(r) and r["seed"] in BOARD_SEEDS),
+     and not r.get("grad_attack_params") and not issue38_row(r) and r["seed"] in BOARD_SEEDS),
 )
 
 
