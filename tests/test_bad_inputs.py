@@ -326,5 +326,5 @@ def test_plots_take_table_and_list_valued_axes(axis, values):
     curves = figure(rows, "curves").axes[0]
     assert len(curves.get_lines()) == 4  # one per value and gamma, the seeds pooled
     for x in ("gamma", axis):
-        legend = figure(rows, "heterogeneity", x=x).axes[0].get_legend()
+        (legend,) = figure(rows, "heterogeneity", x=x).legends  # below the axes, whole
         assert len(legend.get_texts()) == 2  # a line per value of the other axis
