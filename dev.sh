@@ -56,7 +56,7 @@ cmd=${1:-}
 case "$cmd" in
   setup) setup test,ray,flower; fashion_mnist; browser ;;
   demo) setup test; fashion_mnist; exec "$VENV/bin/robustbn" demo "$@" ;;
-  test) setup test,ray,flower; fashion_mnist; browser; exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" ;;
+  test) setup test,ray,flower; fashion_mnist; browser; exec "$VENV/bin/python" -m pytest -p no:cacheprovider -n auto --dist worksteal "$@" ;;
   docs)
     setup test,ray,flower
     if [ "${1:-}" = --check ]; then

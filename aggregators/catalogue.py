@@ -231,7 +231,8 @@ class CAF(Rule):
     freeze (torch.where) once sum c <= n - 2f: no host sync; (3) f = 0 gives the plain mean
     (ByzFL: no round runs and it returns None); (4) a row whose squared norm overflows counts
     as infinitely far: a round where it still has weight only zeroes it (the limit of the exact
-    update) and its mean is never remembered. Requires 2f < n."""
+    update) and its mean is never remembered; (5) a tau within 16 ulps of max tau counts as the
+    max, since equal rows can come out of the matrix products some ulps apart. Requires 2f < n."""
 
     name = "caf"
     translation_equivariant = scale_equivariant = True
@@ -262,7 +263,10 @@ class CAF(Rule):
             proj = (g @ (r * u)) / lam.clamp_min(torch.finfo(k.dtype).tiny).sqrt()
             tau = torch.where(lam > 0, proj * proj, torch.zeros_like(proj))
             tau_max = torch.where(c > 0, tau, torch.zeros_like(tau)).max()
-            shrunk = (c * (1 - tau / torch.where(tau_max > 0, tau_max, 1.0))).clamp_min(0.0)
+            ratio = tau / torch.where(tau_max > 0, tau_max, 1.0)
+            # equal rows can get taus some ulps apart (BLAS rounds rows differently); they tie
+            ratio = torch.where(ratio >= 1 - 16 * torch.finfo(k.dtype).eps, torch.ones_like(ratio), ratio)
+            shrunk = (c * (1 - ratio)).clamp_min(0.0)
             shrunk = torch.where(tau_max > 0, shrunk, c)
             overflow = (far & (c > 0)).any()
             shrunk = torch.where(overflow, torch.where(far, torch.zeros_like(c), c), shrunk)

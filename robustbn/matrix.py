@@ -182,14 +182,33 @@ def read(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
 ANY_RUN_OF = ("seed", "device", "data_dir")
 
 
+# a row's scenario fields -> its cell, a file's values -> its cells: the docs read every row once per file
+_CELLS: dict[str, str | None] = {}
+_FILE_CELLS: dict[str, set] = {}
+
+
 def _cell(fields: dict[str, Any]) -> str | None:
     """A scenario's fields but `ANY_RUN_OF`, canonical (one spelling per run), as JSON; None
     for a row that is no scenario."""
+    given = {k: v for k, v in fields.items() if k in FIELDS}
+    try:
+        key = json.dumps(given, sort_keys=True)
+    except (TypeError, ValueError):
+        key = None
+    if key is not None and key in _CELLS:
+        return _CELLS[key]
     try:
         values = scenario_dict(fields)
     except (ValueError, TypeError):
-        return None
-    return json.dumps({k: _number(v) for k, v in values.items() if k not in ANY_RUN_OF}, sort_keys=True, default=str)
+        cell = None
+    else:
+        cell = json.dumps({k: _number(v) for k, v in values.items() if k not in ANY_RUN_OF}, sort_keys=True,
+                          default=str)
+    if key is not None:
+        if len(_CELLS) > 100_000:
+            _CELLS.clear()
+        _CELLS[key] = cell
+    return cell
 
 
 def _number(value: Any) -> Any:
@@ -209,5 +228,8 @@ def runs_of(path: str | Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]
     values = read(path)
     if "search" in values:
         raise MatrixError(f"{path}: a search file, whose trials are no matrix's runs; give a scenario or matrix file")
-    cells = {_cell(sc.to_dict()) for sc in expand(values, str(path))}
+    key = json.dumps(values, sort_keys=True, default=str)
+    if key not in _FILE_CELLS:
+        _FILE_CELLS[key] = {_cell(sc.to_dict()) for sc in expand(values, str(path))}
+    cells = _FILE_CELLS[key]
     return [r for r in rows if _cell(r) in cells]

@@ -197,9 +197,11 @@ def load(path: str | Path, overrides: list[str] = ()) -> tuple[dict[str, Any], S
         if key in FIELDS and len(alternatives(key, value)) > 1:
             raise SearchError(f"{src}: key {key!r} is a list ({value!r}); a search file gives one value per field "
                               f"(the search varies only the attacks of [search]; `robustbn run` runs a matrix)")
-    # the fixed fields checked with the searched channels sent honestly (a client filter wants statistics)
-    probe = {**values, **{f"{c}_attack": "honest" for c in CHANNELS if isinstance(table.get(c), dict)}}
-    base = expand(probe, src)[0]
+    # the fixed fields checked with the searched channels sent honestly (a client filter wants
+    # statistics); 'honest' needs f >= 1, which the search's own check below words
+    honest = {f"{c}_attack": "honest" for c in CHANNELS if isinstance(table.get(c), dict)}
+    no_byzantine = is_integer(values.get("f", 0)) and values.get("f", 0) < 1
+    base = expand(values if no_byzantine else {**values, **honest}, src)[0]
     space = _space(table, values, base, src)
     _check_corners(values, space, src)
     return values, space

@@ -10,6 +10,13 @@ settings.register_profile("ci", max_examples=500, deadline=None,
 settings.register_profile("default", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # ./dev.sh test runs a worker per core: one torch thread each, and in the processes tests
+    # start (a CLI run, a Flower node), or OpenMP threads spin against the other worker's
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+    torch.set_num_threads(1)
+
 
 @pytest.fixture
 def clean_search_path(monkeypatch):

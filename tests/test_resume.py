@@ -215,17 +215,24 @@ def alive(pid: int) -> bool:
     return not (status.exists() and "zombie" in status.read_text())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(tmp_path_factory):
-    """The uninterrupted runs of LONG (two seeds), in one process and with --jobs 2."""
-    d = tmp_path_factory.mktemp("reference")
-    (d / "m.toml").write_text(LONG + "seed = [0, 1]\n")
-    out = {}
-    for jobs in (1, 2):
-        db = d / f"jobs{jobs}.sqlite"
-        subprocess.run(cli("run", d / "m.toml", "--db", db, "--quiet", "--jobs", jobs), check=True)
-        out[jobs] = histories(db)
-    return d / "m.toml", out
+    """The uninterrupted runs of LONG (two seeds), made once for every pytest-xdist worker (the
+    first to come runs them, under a lock); --jobs 1 and 2 give the same histories
+    (test_matrix_store_cli), so one run serves both."""
+    import fcntl
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's, under xdist
+    d = shared / "resume-reference"
+    with open(shared / "resume-reference.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (d / "done").exists():
+            d.mkdir(exist_ok=True)
+            (d / "m.toml").write_text(LONG + "seed = [0, 1]\n")
+            subprocess.run(cli("run", d / "m.toml", "--db", d / "runs.sqlite", "--quiet", "--jobs", 2), check=True)
+            (d / "done").touch()
+    expected = histories(d / "runs.sqlite")
+    return d / "m.toml", {1: expected, 2: expected}
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
