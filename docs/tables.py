@@ -837,15 +837,16 @@ RESULTS_MD = ROOT / "docs" / "results.md"
 PAGE = ROOT / "docs" / "report"
 
 
-def cog(check: bool, path: Path = RESULTS_MD) -> int:
-    """Run the cog blocks of `path` (results.md): rewrite it, or with `check` only say whether
-    it is what the runs give (non-zero where it is stale)."""
+def cog(check: bool, paths: list[Path] = (RESULTS_MD,)) -> int:
+    """Run the cog blocks of `paths` (results.md): rewrite them, or with `check` only say whether
+    they are what the runs give (non-zero where one is stale; cog names it "(changed)")."""
     from cogapp import Cog
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     args = ["cog", "-P", "-p", "import tables", "--verbosity=1"]
-    args += ["--check", "--diff", "--check-fail-msg=docs/results.md is stale: run ./dev.sh docs"] if check else ["-r"]
-    return Cog().main([*args, str(path)])
+    args += ["--check", "--diff", "--check-fail-msg=the file marked (changed) is stale: run ./dev.sh docs"] \
+        if check else ["-r"]
+    return Cog().main([*args, *map(str, paths)])
 
 
 def page(out: Path = PAGE) -> Path:
@@ -855,24 +856,25 @@ def page(out: Path = PAGE) -> Path:
     return write_page(board_runs(), out)
 
 
-def page_check(out: Path = PAGE) -> int:
-    """0 where OUT/index.html is the page the runs give, its images aside (their pixels follow
-    the machine's fonts and matplotlib, not the runs); 1 and a message where it is stale."""
+def page_check(outs: list[Path] = (PAGE,)) -> int:
+    """0 where each OUT/index.html is the page the runs give, its images aside (their pixels
+    follow the machine's fonts and matplotlib, not the runs); 1 and a message per stale one."""
     def text(path: Path) -> str:
         return re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "data:image/png;base64,...",
                       path.read_text(encoding="utf-8"))
 
-    shipped = out / "index.html"
     with tempfile.TemporaryDirectory() as tmp:
-        if shipped.is_file() and text(shipped) == text(page(Path(tmp))):
-            return 0
-    print(f"{shipped} is stale: run ./dev.sh docs", file=sys.stderr)
-    return 1
+        given = text(page(Path(tmp)))
+    stale = [out / "index.html" for out in outs
+             if not (out / "index.html").is_file() or text(out / "index.html") != given]
+    for shipped in stale:
+        print(f"{shipped} is stale: run ./dev.sh docs", file=sys.stderr)
+    return 1 if stale else 0
 
 
-USAGE = """usage: python docs/tables.py [RUNS]                 every section, printed (RUNS: a store or CSV)
-       python docs/tables.py --cog [--check] [FILE]  results.md's cog blocks: rewrite, or check
-       python docs/tables.py --page [--check] [DIR]  the leaderboard page (docs/report/index.html): write, or check"""
+USAGE = """usage: python docs/tables.py [RUNS]                     every section, printed (RUNS: a store or CSV)
+       python docs/tables.py --cog [--check] [FILE...]   results.md's cog blocks: rewrite, or check
+       python docs/tables.py --page [--check] [DIR...]   the leaderboard page (docs/report/index.html): write, or check"""
 
 
 def main(argv) -> int:
@@ -880,15 +882,14 @@ def main(argv) -> int:
     if argv[:1] in (["--cog"], ["--page"]):
         check = "--check" in argv[1:]
         paths = [a for a in argv[1:] if a != "--check"]
-        if any(a.startswith("-") for a in paths) or len(paths) > 1:
+        if any(a.startswith("-") for a in paths) or (len(paths) > 1 and not check and argv[0] == "--page"):
             print(USAGE, file=sys.stderr)
             return 2
         if argv[0] == "--cog":
-            return cog(check, Path(paths[0]) if paths else RESULTS_MD)
-        out = Path(paths[0]) if paths else PAGE
+            return cog(check, [Path(p) for p in paths] or [RESULTS_MD])
         if check:
-            return page_check(out)
-        print(page(out))
+            return page_check([Path(p) for p in paths] or [PAGE])
+        print(page(Path(paths[0]) if paths else PAGE))
         return 0
     if len(argv) > 1 or any(a.startswith("-") for a in argv):
         print(USAGE, file=sys.stderr)
