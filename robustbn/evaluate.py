@@ -1,0 +1,470 @@
+"""`robustbn evaluate`: a user's defense on the board by the board's own procedure, and beside
+the published rows.
+
+For each protocol asked (default: every protocol of the board), at the board's setting (the
+scalar fields of the board's catalogue matrix, gamma 0):
+
+1. the clean runs (every Byzantine channel honest) on the board's seeds 0-4;
+2. every catalogue attack of the board's matrix on seeds 0-4 (FLTrust's adaptive attack only
+   against a rule that uses the server's reference, as on the board);
+3. an attack search (robustbn.search) over the board's search space (`SPACE`, that of
+   scenarios/search_*.toml), `TRIALS` trials of the tuning seeds 10 and 11, which the board
+   does not report;
+4. the found attack confirmed on seeds 0-4 (`searched_worst_*.toml`, as the board's).
+
+Each stage is a scenario file written to the work folder (beside the store: re-running them
+by hand gives the same runs), and every run goes into the store: an interrupted evaluation
+resumes where it stopped. Then the defense's row is computed by robustbn.report over the
+published runs (the board's CSV, read into a store of their own once) and the user's, and
+compared, paired over seeds, with the protocol's published best in the same threat model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .matrix import MatrixError, expand, read
+from .report import CATALOGUE_MATRIX, CLEAN_MATRIX, ROOT_FREE, TRUSTED, Board, default_matrices, leaderboard, \
+    read_rows, threat
+from .stats import distinct, paired, too_few
+from .worst import BEST, TIED, server_data
+
+BOARD_SEEDS = [0, 1, 2, 3, 4]
+TUNING_SEEDS = [10, 11]
+TRIALS = 10
+SAMPLER_SEED = 0
+PUBLISHED_CSV = "docs/results.csv"
+# the board's search space: the [search] channel tables of scenarios/search_*.toml (a test keeps them equal)
+SPACE = {
+    "grad": {"attacks": ["honest", "alie", "minmax", "ipm", "scale"], "alie": {"z": [0.0, 5.0]},
+             "minmax": {"direction": ["unit", "std", "sign"]}, "ipm": {"eps": [0.01, 10.0, "log"]},
+             "scale": {"factor": [-1000.0, 1.0]}},
+    "bn_mean": {"attacks": ["honest", "sf", "alie", "bn-kl", "scale"], "alie": {"z": [0.0, 5.0]},
+                "scale": {"factor": [-1000.0, 1000.0]}},
+    "bn_var": {"attacks": ["honest", "bn-kl", "scale"], "scale": {"factor": [1e-06, 1000.0, "log"]}},
+}
+# a scenario field the board varies, left to each stage (the rest of its matrix is the setting)
+AXES = ("norm", "grad_agg", "bn_agg", "client_filter", "grad_attack", "bn_mean_attack", "bn_var_attack", "seed",
+        "gamma")
+
+
+class EvaluateError(MatrixError):
+    """A user error in what to evaluate: the message names the option and what is allowed."""
+
+
+@dataclass
+class Defense:
+    """What runs on each channel: the gradients' pipeline and the BN statistics' (by default the same)."""
+
+    grad: str
+    bn: str
+
+    @property
+    def name(self) -> str:
+        return self.grad if self.bn == self.grad else f"{self.grad} / {self.bn}"
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9]+", "_", self.name).strip("_").lower() or "defense"
+
+
+@dataclass
+class Stage:
+    """One step of the plan: a scenario (or search) file and the runs it holds (to do / in all)."""
+
+    name: str
+    norm: str
+    path: Path
+    runs: int
+    todo: int
+
+
+@dataclass
+class Plan:
+    defense: Defense
+    protocols: list[str]
+    root: Path
+    workdir: Path
+    gamma: float = 0.0
+    stages: list[Stage] = field(default_factory=list)
+
+    @property
+    def todo(self) -> int:
+        return sum(s.todo for s in self.stages)
+
+
+def toml_text(values: dict[str, Any]) -> str:
+    """A scenario or search file's values as TOML (strings, numbers, lists, inline tables; the
+    `search` table as [search] sections)."""
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, float) and not math.isfinite(v):
+            return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in v.items()) + " }"
+        raise TypeError(f"cannot write {v!r} as TOML")
+
+    def section(name: str, table: dict) -> list[str]:
+        flat = [f"{json.dumps(k) if not re.fullmatch(r'[A-Za-z0-9_-]+', k) else k} = {value(v)}"
+                for k, v in table.items() if not isinstance(v, dict) or name == ""]
+        out = [f"[{name}]"] * bool(name) + flat
+        for k, v in table.items():
+            if isinstance(v, dict) and name:
+                out += section(f"{name}.{k}" if re.fullmatch(r"[A-Za-z0-9_-]+", k) else f'{name}."{k}"', v)
+        return out
+
+    search = values.get("search")
+    lines = section("", {k: v for k, v in values.items() if k != "search"})
+    if search is not None:
+        lines += section("search", search)
+    return "\n".join(lines) + "\n"
+
+
+def board_matrix(root: Path) -> dict[str, Any]:
+    """The values of the board's catalogue matrix under `root`."""
+    path = root / CATALOGUE_MATRIX
+    if not path.is_file():
+        raise EvaluateError(f"{path}: no such file; run from the repository root (or give --root DIR), where the "
+                            f"board's files are ({CATALOGUE_MATRIX}, {CLEAN_MATRIX}, {PUBLISHED_CSV})")
+    return read(path)
+
+
+def board_setting(root: Path) -> dict[str, Any]:
+    """The scalar fields of the board's catalogue matrix (the setting every row shares)."""
+    values = board_matrix(root)
+    return {k: v for k, v in values.items()
+            if k not in AXES and k not in ("description", "exclude") and not k.endswith("_attack_params")}
+
+
+def board_gamma(root: Path, overrides: dict[str, Any] | None = None) -> float:
+    """The board's heterogeneity: its matrix's gamma where it gives one, else 0 (the leaderboard's)."""
+    gamma = (overrides or {}).get("gamma", board_matrix(root).get("gamma", 0.0))
+    return float(gamma) if isinstance(gamma, (int, float)) and not isinstance(gamma, bool) else 0.0
+
+
+def board_protocols(root: Path) -> list[str]:
+    values = board_matrix(root)
+    norms = values.get("norm", [])
+    return list(norms) if isinstance(norms, list) else [norms]
+
+
+def _uses_reference(spec: str) -> bool:
+    return server_data({"grad_agg": spec, "bn_agg": spec, "root_size": 1}) is not None
+
+
+def stage_values(root: Path, defense: Defense, norm: str, overrides: dict[str, Any], trials: int = TRIALS
+                 ) -> dict[str, dict[str, Any]]:
+    """{stage name: its file's values} for one protocol: clean, catalogue and search."""
+    setting = {**board_setting(root), **overrides}
+    catalogue = board_matrix(root)
+    defense_fields = {"norm": norm, "grad_agg": defense.grad, "bn_agg": defense.bn, "client_filter": "none",
+                      "gamma": board_gamma(root, overrides)}
+    attacks = {k: v for k, v in catalogue.items() if k.endswith("_attack") or k.endswith("_attack_params")}
+    if not _uses_reference(defense.grad) and isinstance(attacks.get("grad_attack"), list):
+        attacks["grad_attack"] = [a for a in attacks["grad_attack"] if a != "adaptive"]
+    # the catalogue's exclusions of attacks (those naming no defense field), for this protocol
+    attack_keys = {"grad_attack", "bn_mean_attack", "bn_var_attack"}
+    exclude = [{k: v for k, v in rule.items() if k != "norm"} for rule in catalogue.get("exclude", [])
+               if set(rule) <= attack_keys | {"norm"} and set(rule) & attack_keys
+               and norm in (rule["norm"] if isinstance(rule.get("norm"), list) else [rule.get("norm", norm)])]
+    setting.pop("seed", None)
+    honest = {"grad_attack": "honest", "bn_mean_attack": "honest", "bn_var_attack": "honest"}
+    from .protocols import get as get_protocol
+    sends = get_protocol(norm).sends_statistics
+    space = {c: t for c, t in SPACE.items() if c == "grad" or sends}
+    words = f"{defense.name} under {norm}"
+    return {
+        "clean": {"description": f"robustbn evaluate: {words}, every Byzantine channel honest, the board's seeds",
+                  **setting, **defense_fields, "seed": BOARD_SEEDS, **honest},
+        "catalogue": {"description": f"robustbn evaluate: {words} against every catalogue attack of the board, the "
+                                     f"board's seeds", **setting, **defense_fields, "seed": BOARD_SEEDS, **attacks,
+                      **({"exclude": exclude} if exclude else {})},
+        "search": {"description": f"robustbn evaluate: the attack search against {words}, on tuning seeds the board "
+                                  f"does not report", **setting, **defense_fields,
+                   "search": {"trials": trials, "seed": SAMPLER_SEED, "seeds": TUNING_SEEDS, **space}},
+    }
+
+
+def make_plan(root: Path, workdir: Path, defense: Defense, protocols: list[str] | None, store,
+              overrides: dict[str, Any] | None = None, trials: int = TRIALS) -> Plan:
+    """Write the stages' files under `workdir` and count their runs (to do: not finished in
+    `store`). Raises EvaluateError (or MatrixError) naming what is wrong."""
+    from .execute import pending
+
+    board = board_protocols(root)
+    protocols = protocols or board
+    unknown = [p for p in protocols if p not in board]
+    if unknown:
+        raise EvaluateError(f"--protocol {unknown[0]!r}: not a protocol of the board; allowed: {', '.join(board)}")
+    plan = Plan(defense, list(dict.fromkeys(protocols)), root, workdir, board_gamma(root, overrides))
+    workdir.mkdir(parents=True, exist_ok=True)
+    for norm in plan.protocols:
+        for name, values in stage_values(root, defense, norm, overrides or {}, trials).items():
+            path = workdir / f"{name}_{norm}.toml"
+            text = toml_text(values)
+            if not path.is_file() or path.read_text(encoding="utf-8") != text:
+                path.write_text(text, encoding="utf-8")
+            if name == "search":
+                from .search import load as load_search
+                _, space = load_search(path)
+                runs = space.trials * len(space.seeds)
+                ended = store.db.execute("SELECT COUNT(*) FROM runs WHERE source = ? AND status IN "
+                                         "('done', 'diverged', 'pruned')", (str(path),)).fetchone()[0]
+                plan.stages.append(Stage(name, norm, path, runs, max(0, runs - ended)))
+                confirm = workdir / f"searched_worst_{norm}.toml"
+                todo = len(pending(expand(read(confirm), str(confirm)), store, None, None)[0]) \
+                    if confirm.is_file() and not max(0, runs - ended) else len(BOARD_SEEDS)
+                plan.stages.append(Stage("confirm", norm, confirm, len(BOARD_SEEDS), todo))
+            else:
+                scenarios = expand(read(path), str(path))
+                todo, _, total = pending(scenarios, store, None, None)
+                plan.stages.append(Stage(name, norm, path, total, len(todo)))
+    return plan
+
+
+def seconds_per_run(plan: Plan, store=None) -> float:
+    """A board run's seconds on this machine: the median wall time of the store's finished runs
+    at the plan's setting where it holds 3 or more, else `calibrate` (a few rounds timed here)."""
+    if store is not None:
+        from .store import FINISHED
+        walls = [r["wall_time_s"] for s in plan.stages if s.name == "catalogue"
+                 for r in _runs_of(s.path, store.rows(status=FINISHED)) if r.get("wall_time_s")]
+        if len(walls) >= 3:
+            return statistics.median(walls)
+    return calibrate(plan)
+
+
+def _runs_of(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from .matrix import runs_of
+    return runs_of(path, rows)
+
+
+CALIBRATION_ROUNDS = 8
+
+
+def calibrate(plan: Plan) -> float:
+    """Time `CALIBRATION_ROUNDS` rounds and one evaluation of the plan's first catalogue run,
+    on one torch thread as a --jobs worker runs: rounds x a round's median time + evaluations
+    x an evaluation's."""
+    import torch
+
+    from .data import load_dataset
+    from .runner import run
+    from .scenario import Scenario
+
+    path = next(s.path for s in plan.stages if s.name == "catalogue")
+    scenarios = expand(read(path), str(path))
+    # ALIE alone: a middling attack's cost (min-max searches each round, honest is cheaper)
+    sc = next((x for x in scenarios if x.grad_attack == "alie" and x.bn_mean_attack in (None, "honest")), scenarios[0])
+    short = Scenario.from_dict({**sc.to_dict(), "rounds": CALIBRATION_ROUNDS, "eval_every": CALIBRATION_ROUNDS})
+    load_dataset(short.dataset, short.data_dir)  # the data's first load is no run's cost
+    stamps = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        start = time.perf_counter()
+        run(short, progress=lambda t: stamps.append(time.perf_counter()))
+    finally:
+        torch.set_num_threads(threads)
+    steps = [b - a for a, b in zip([start, *stamps[:-1]], stamps)]
+    round_s = statistics.median(steps[1:-1] or steps)
+    eval_s = max(0.0, steps[-1] - round_s)
+    return sc.rounds * round_s + math.ceil(sc.rounds / sc.eval_every) * eval_s + steps[0]
+
+
+def cost_line(plan: Plan, seconds: float, jobs: int) -> str:
+    if not plan.todo:
+        return (f"plan: nothing to run for {plan.defense.name} on {', '.join(plan.protocols)}: its "
+                f"{sum(s.runs for s in plan.stages)} runs are in the store")
+    hours = plan.todo * seconds / 3600
+    return (f"plan: {plan.todo} runs to do ({sum(s.runs for s in plan.stages)} in all) for {plan.defense.name} on "
+            f"{', '.join(plan.protocols)}; about {seconds:.0f} s a run here, so {hours:.1f} CPU hours "
+            f"(the matrices run --jobs {jobs} at a time, a search one trial at a time)")
+
+
+def over_budget(plan: Plan, seconds: float, budget: float) -> str | None:
+    """None, or the one line refusing the plan and naming what to cut."""
+    hours = plan.todo * seconds / 3600
+    if hours <= budget:
+        return None
+    per_norm = hours / max(1, len(plan.protocols))
+    fit = int(budget // per_norm) if per_norm > 0 else 0
+    search = sum(s.todo for s in plan.stages if s.name == "search") * seconds / 3600
+    return (f"--budget {budget:g}: the plan needs about {hours:.1f} CPU hours ({plan.todo} runs); cut protocols "
+            f"(--protocol: {fit} of the {len(plan.protocols)} fit, about {per_norm:.1f} h each) or search trials "
+            f"(--trials: the searches are {search:.1f} h of it)")
+
+
+def confirmation_values(search_path: Path, outcome_json: dict[str, Any]) -> dict[str, Any] | None:
+    """The confirmation file of a finished search: the found attack on the board's seeds."""
+    worst = outcome_json.get("worst")
+    if not worst:
+        return None
+    values = read(search_path)
+    values.pop("search")
+    attack = {k: worst[k] for k in ("grad_attack", "grad_attack_params", "bn_mean_attack", "bn_mean_attack_params",
+                                    "bn_var_attack", "bn_var_attack_params") if worst.get(k) not in (None, {})}
+    from .labels import attack_words
+    values["description"] = (f"robustbn evaluate: the worst attack its search found ({search_path.name}: trial "
+                             f"{worst['trial']}, {attack_words(worst)}), on the board's seeds, held out from the "
+                             f"search")
+    return {**values, "seed": BOARD_SEEDS, **attack}
+
+
+def published_store(root: Path, workdir: Path):
+    """A store of the board's published runs (the CSV read once into workdir/published.sqlite)."""
+    from .store import Store, read_export
+
+    csv = root / PUBLISHED_CSV
+    if not csv.is_file():
+        raise EvaluateError(f"{csv}: no such file; the published runs of the board are read from it")
+    path = workdir / "published.sqlite"
+    stamp = workdir / "published.stamp"
+    key = f"{csv.stat().st_size} {csv.stat().st_mtime_ns}"
+    if not path.is_file() or not stamp.is_file() or stamp.read_text() != key:
+        for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            p.unlink(missing_ok=True)
+        store = Store(path)
+        try:
+            store.add([read_export(csv)])
+        finally:
+            store.close()
+        stamp.write_text(key)
+    return Store(path, readonly=True)
+
+
+def board_files(root: Path, plan: Plan | None = None) -> list[str]:
+    """The published board's files, then the plan's own (clean, catalogue, confirmation)."""
+    files = [str(root / f) for f in default_matrices(root)]
+    if plan is not None:
+        files += [str(s.path) for s in plan.stages if s.name in ("clean", "catalogue", "confirm") and s.path.is_file()]
+    return files
+
+
+def seed_worst(row: dict[str, Any]) -> dict[Any, float]:
+    """{seed: the accuracy under the row's worst attack} (repeated seeds averaged)."""
+    by: dict[Any, list[float]] = {}
+    for r in row["runs"]:
+        if r["worst"]:
+            by.setdefault(r["seed"], []).append(r["acc"])
+    return {s: statistics.fmean(v) for s, v in by.items()}
+
+
+def verdict_word(d) -> str:
+    """B - A paired: "better" / "worse" where the interval excludes 0, else "tied"."""
+    few = too_few(d.n)
+    if few:
+        return few
+    if distinct(d):
+        return "better" if d.low > 0 else "worse"
+    return "tied"
+
+
+def compare(plan: Plan, mine: list[dict[str, Any]], published: list[dict[str, Any]]
+            ) -> tuple[Board, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the board with the user's rows, the user's rows, one comparison per user row, the runs
+    behind the board): each paired over seeds with the protocol's published best in its threat
+    model."""
+    files = board_files(plan.root, plan)
+    # the board's seeds (a search's trials, on tuning seeds, are runs of its confirmation file's cells too)
+    mine = [r for r in mine if r.get("seed") in BOARD_SEEDS]
+    published = [r for r in published if r.get("seed") in BOARD_SEEDS]
+    mine_hashes = {r["hash"] for r in mine}
+    pub_rows = read_rows(published, board_files(plan.root))
+    pub_board = leaderboard(pub_rows, plan.gamma)
+    seen = {r["hash"] for r in published}
+    rows = read_rows(published + [r for r in mine if r["hash"] not in seen], files)
+    board = leaderboard(rows, plan.gamma)
+    own = [r for r in board.rows if r["norm"] in plan.protocols
+           and any(run["hash"] in mine_hashes for run in r["runs"])]
+    comparisons = []
+    for r in own:
+        model = threat(r)
+        rivals = [p for p in pub_board.rows if p["norm"] == r["norm"] and threat(p) == model
+                  and p["worst_acc"] is not None and p["defense"] != r["defense"]]
+        if not rivals or r["worst_acc"] is None:
+            comparisons.append({"norm": r["norm"], "defense": r["defense"], "threat": model, "against": None,
+                                "diff": None, "low": None, "high": None, "pairs": 0,
+                                "verdict": "no published row to compare with" if not rivals else "no worst case"})
+            continue
+        best = max(rivals, key=lambda p: p["worst_acc"])
+        theirs = next((b for b in board.rows if (b["norm"], b["defense"], threat(b)) ==
+                       (best["norm"], best["defense"], model)), best)
+        d = paired(seed_worst(theirs), seed_worst(r))
+        comparisons.append({"norm": r["norm"], "defense": r["defense"], "threat": model, "against": best["defense"],
+                            "against_verdict": best["verdict"], "diff": d.mean, "low": d.low, "high": d.high,
+                            "pairs": d.n, "verdict": verdict_word(d)})
+    return board, own, comparisons, rows
+
+
+def comparison_line(c: dict[str, Any]) -> str:
+    """"fbn, root-free: B - A = -3.1 points [-5.0, -1.2] over 5 seeds against nnm+trmean (the
+    published best): worse"."""
+    if c["against"] is None:
+        return f"with {c['norm']}, {c['threat']}: {c['defense']}: {c['verdict']}"
+    pct = lambda v: "-" if v is None else f"{100 * v:+.1f}"
+    interval_ = f" [{pct(c['low'])}, {pct(c['high'])}]" if c["low"] is not None else " (no interval)"
+    kind = "published best" if c.get("against_verdict") == BEST else (
+        "highest published worst case, tied for best" if c.get("against_verdict") == TIED else "highest published worst case")
+    return (f"with {c['norm']}, {c['threat']}: {c['defense']} - {c['against']} ({kind}) = {pct(c['diff'])} points"
+            f"{interval_}, paired over {c['pairs']} seed{'s' * (c['pairs'] != 1)}: {c['verdict']}")
+
+
+
+def execute(plan: Plan, store, jobs: int = 1, progress: bool = True, checkpoint_every: int | None = None,
+            log: Callable[[str], None] = print) -> list[str]:
+    """Run the plan's stages into `store`, protocol by protocol (finished runs are read back,
+    an interrupted one resumes); returns the failures, one line each. Raises Interrupted on
+    SIGINT or SIGTERM, every running run checkpointed."""
+    from .execute import run_matrix
+    from .search import load as load_search
+    from .search import search
+
+    failures = []
+    for norm in plan.protocols:
+        stages = {s.name: s for s in plan.stages if s.norm == norm}
+        for name in ("clean", "catalogue"):
+            s = stages[name]
+            log(f"{norm}: {name} ({s.runs} runs, {s.todo} to do): {s.path}")
+            summary = run_matrix(expand(read(s.path), str(s.path)), store, source=str(s.path), jobs=jobs,
+                                 progress=progress, checkpoint_every=checkpoint_every)
+            failures += [f"{s.path}: run {h} failed: {e}" for h, e in summary.failed]
+        s = stages["search"]
+        log(f"{norm}: attack search ({s.runs} runs at most: {s.runs // len(TUNING_SEEDS)} trials of seeds "
+            f"{', '.join(map(str, TUNING_SEEDS))}): {s.path}")
+        values, space = load_search(s.path)
+        outcome = search(values, space, store, str(s.path), progress=progress, checkpoint_every=checkpoint_every,
+                         log=log)
+        found = outcome.as_json()
+        (s.path.with_suffix(".json")).write_text(json.dumps(_strict(found), indent=1, allow_nan=False) + "\n",
+                                                 encoding="utf-8")
+        confirm = stages["confirm"]
+        values = confirmation_values(s.path, found)
+        if values is None:
+            failures.append(f"{s.path}: no trial finished, so no attack to confirm")
+            continue
+        confirm.path.write_text(toml_text(values), encoding="utf-8")
+        log(f"{norm}: the found attack on seeds {', '.join(map(str, BOARD_SEEDS))}: {confirm.path}")
+        summary = run_matrix(expand(values, str(confirm.path)), store, source=str(confirm.path), jobs=jobs,
+                             progress=progress, checkpoint_every=checkpoint_every)
+        failures += [f"{confirm.path}: run {h} failed: {e}" for h, e in summary.failed]
+    return failures
+
+
+def _strict(value):
+    from .store import strict_json
+    return strict_json(value)
