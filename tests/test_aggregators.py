@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -118,6 +118,12 @@ def test_batcher_network_sorts_every_zero_one_input(n):
     assert torch.equal(torch.stack(rows), columns.sort(0).values)
 
 
+# A long-row example is 4096 or more columns, each its own sort: 100 of them (the ci profile's
+# 500 elsewhere) already compare hundreds of thousands of columns against the reference.
+LONG_ROWS = settings(max_examples=min(100, settings().max_examples))
+
+
+@LONG_ROWS
 @given(n=st.integers(1, 80) | st.sampled_from([NETWORK_MAX_ROWS]), seed=seeds, ties=st.booleans(),
        extremes=st.booleans())
 def test_long_rows_sort_through_the_network_exactly_as_torch_sort(n, seed, ties, extremes):
@@ -130,6 +136,7 @@ def test_long_rows_sort_through_the_network_exactly_as_torch_sort(n, seed, ties,
 
 
 @pytest.mark.parametrize("name", ["median", "trmean", "meamed", "geomed", "cc"])
+@LONG_ROWS
 @given(nf=n_f, seed=seeds)
 def test_coordinate_rules_on_long_rows_match_numpy_reference(name, nf, seed):
     """Rows of NETWORK_MIN_COLUMNS values take the sorting-network path on the CPU."""
