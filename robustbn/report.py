@@ -62,6 +62,19 @@ SETUP_FIELDS = ("dataset", "model", "n", "f", "rounds", "batch_size", "lr", "mom
                 "algorithm")
 
 
+def is_search_file(source: Any) -> bool:
+    """Whether a run came from an attack search's file (a trial, on the search's tuning seeds):
+    the file has a [search] table, or, gone, was named search_*.toml."""
+    if not source:
+        return False
+    path = Path(str(source))
+    try:
+        import tomllib
+        return "search" in tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return path.name.startswith("search_")
+
+
 def default_matrices(root: str | Path = ".") -> list[str]:
     """The catalogue's matrix, the clean runs and every confirmation file of an attack search
     (`scenarios/searched_worst_*.toml`), those of them that exist under `root`."""

@@ -3,6 +3,7 @@ recomputation with scipy on a hand-made store, and the page in a real browser (P
 driving Debian's chromium)."""
 
 import json
+import sqlite3
 import shutil
 from pathlib import Path
 
@@ -348,6 +349,29 @@ def test_report_command_json_markdown_and_page(setup, tmp_path, capsys):
     assert '<table id="leaderboard">' in page and "http://" not in page and "https://" not in page
     assert page.count('src="data:image/png;base64,') == 1  # the curves (the heatmap is a table)
     assert '<meta name="viewport"' in page and '<table class="heat">' in page
+
+
+def test_report_from_the_store_alone_is_the_board_of_its_files(setup, tmp_path, capsys, monkeypatch):
+    """No --matrix, anywhere: every run the store holds, each with the file it came from; an
+    attack search's trial (a run from a file with a [search] table) stays out."""
+    from robustbn.cli import main
+
+    db, files = setup
+    assert main(["report", "--db", str(db), "--format", "json", *[a for f in files for a in ("--matrix", f)]]) == 0
+    with_files = json.loads(capsys.readouterr().out)
+    copy = tmp_path / "s.sqlite"
+    shutil.copy(db, copy)
+    search = tmp_path / "search_mine.toml"
+    search.write_text("[search]\ntrials = 1\n")
+    with Store(copy, readonly=True) as store:
+        source = {r["hash"]: r["source"] for r in read_rows(store.rows(), files)}
+    with sqlite3.connect(copy) as con:  # as `robustbn run FILE` and `attack-search FILE` record them
+        for (h,) in con.execute("SELECT hash FROM runs").fetchall():
+            con.execute("UPDATE runs SET source = ? WHERE hash = ?", (source.get(h, str(search)), h))
+    assert set(source) != {h for (h,) in sqlite3.connect(copy).execute("SELECT hash FROM runs")}  # a trial is there
+    monkeypatch.chdir(tmp_path)  # no scenarios/ here
+    assert main(["report", "--db", str(copy), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == with_files
 
 
 @pytest.mark.parametrize("args, message", [

@@ -24,9 +24,10 @@ def register(sub) -> None:
                                    "DIR/index.html, one page with its CSS, script and images inline (no network): "
                                    "the setup and threat model, the picks, the sortable table (header buttons), each "
                                    "row opening to its runs, the worst-case heatmap (a table, in %) and curves. "
-                                   "The runs are those of the --matrix files (default: "
-                                   "scenarios/worst_case_fmnist.toml, scenarios/clean_worst_case_fmnist.toml and "
-                                   "every scenarios/searched_worst_*.toml, under the current directory).",
+                                   "The runs are every finished run of the store, each with the file it came from "
+                                   "(an attack search's trials left out); --matrix FILE keeps the runs of those "
+                                   "files (the board's: scenarios/worst_case_fmnist.toml, "
+                                   "scenarios/clean_worst_case_fmnist.toml, scenarios/searched_worst_*.toml).",
                        epilog="examples:\n  robustbn report --db results/paper.sqlite --out site\n"
                               "  robustbn report --db results/paper.sqlite --format json\n"
                               "  robustbn report --db results/paper.sqlite --format markdown --gamma 1.0\n"
@@ -39,8 +40,9 @@ def register(sub) -> None:
                         "worst_attack, verdict, server_data, searched, attacks_run, diverged, then the clean "
                         "interval, the worst attack's file and the gap) or the leaderboard in markdown")
     p.add_argument("--matrix", metavar="FILE", action="append", default=[],
-                   help="read the runs of this scenario file (repeatable; replaces the default files); an "
-                        "attack search's confirmation file (searched_worst_*.toml) holds searched attacks")
+                   help="keep the runs of this scenario file, at any seed (repeatable; default: every run of "
+                        "the store); an attack search's confirmation file (searched_worst_*.toml) holds searched "
+                        "attacks")
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                    help=WHERE_HELP + "; e.g. --where 'seed=[0,1,2,3,4]' keeps every attack of a cell on the same seeds")
     p.add_argument("--gamma", type=float, default=0.0, help="the heterogeneity of the leaderboard (default 0)")
@@ -51,7 +53,7 @@ def register(sub) -> None:
 def cmd_report(args) -> int:
     import json
 
-    from ..report import default_matrices, leaderboard, markdown, rows_json, write_page
+    from ..report import is_search_file, leaderboard, markdown, rows_json, write_page
     from ..store import FINISHED, Store, strict_json
     from .results import selected_rows
 
@@ -59,15 +61,16 @@ def cmd_report(args) -> int:
         raise UsageError("nothing to do: give --out DIR (the web page) or --format json|markdown")
     if not math.isfinite(args.gamma):
         raise UsageError(f"--gamma {args.gamma}: a finite number, e.g. 0.0")
-    matrices = args.matrix or default_matrices()
-    if not matrices:
-        raise UsageError("no matrix files: scenarios/worst_case_fmnist.toml is not under the current directory; "
-                         "give --matrix FILE")
     with Store(args.db, readonly=True) as store:
-        rows = selected_rows(store, args.where, FINISHED, matrices)
+        rows = selected_rows(store, args.where, FINISHED, args.matrix)
+        if not args.matrix:  # the store alone: its runs, each from its own file, an attack search's trials aside
+            source = dict(store.db.execute("SELECT hash, source FROM runs"))
+            rows = [{**r, "source": source.get(r["hash"]) or None} for r in rows]
+            rows = [r for r in rows if not is_search_file(r["source"])]
     board = leaderboard(rows, args.gamma)
     if not board.rows:
-        raise UsageError(f"no finished attacked runs of {', '.join(matrices)} at gamma = {args.gamma} in {args.db}")
+        of = f" of {', '.join(args.matrix)}" if args.matrix else ""
+        raise UsageError(f"no finished attacked runs{of} at gamma = {args.gamma} in {args.db}")
     if args.out is not None:
         print(write_page(rows, args.out, args.gamma))
     if args.format == "json":
