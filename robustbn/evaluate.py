@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .matrix import MatrixError, expand, read
-from .report import CATALOGUE_MATRIX, CLEAN_MATRIX, ROOT_FREE, TRUSTED, Board, default_matrices, leaderboard, \
-    read_rows, threat
+from .report import CATALOGUE_MATRIX, CLEAN_MATRIX, Board, default_matrices, leaderboard, read_rows, threat
 from .stats import distinct, paired, too_few
 from .worst import BEST, TIED, server_data
 
@@ -240,17 +239,14 @@ def seconds_per_run(plan: Plan, store=None) -> float:
     """A board run's seconds on this machine: the median wall time of the store's finished runs
     at the plan's setting where it holds 3 or more, else `calibrate` (a few rounds timed here)."""
     if store is not None:
+        from .matrix import runs_of
         from .store import FINISHED
+        rows = store.rows(status=FINISHED)
         walls = [r["wall_time_s"] for s in plan.stages if s.name == "catalogue"
-                 for r in _runs_of(s.path, store.rows(status=FINISHED)) if r.get("wall_time_s")]
+                 for r in runs_of(s.path, rows) if r.get("wall_time_s")]
         if len(walls) >= 3:
             return statistics.median(walls)
     return calibrate(plan)
-
-
-def _runs_of(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    from .matrix import runs_of
-    return runs_of(path, rows)
 
 
 CALIBRATION_ROUNDS = 8
@@ -433,6 +429,7 @@ def execute(plan: Plan, store, jobs: int = 1, progress: bool = True, checkpoint_
     from .execute import run_matrix
     from .search import load as load_search
     from .search import search
+    from .store import strict_json
 
     failures = []
     for norm in plan.protocols:
@@ -450,8 +447,8 @@ def execute(plan: Plan, store, jobs: int = 1, progress: bool = True, checkpoint_
         outcome = search(values, space, store, str(s.path), progress=progress, checkpoint_every=checkpoint_every,
                          log=log)
         found = outcome.as_json()
-        (s.path.with_suffix(".json")).write_text(json.dumps(_strict(found), indent=1, allow_nan=False) + "\n",
-                                                 encoding="utf-8")
+        s.path.with_suffix(".json").write_text(json.dumps(strict_json(found), indent=1, allow_nan=False) + "\n",
+                                               encoding="utf-8")
         confirm = stages["confirm"]
         values = confirmation_values(s.path, found)
         if values is None:
@@ -464,7 +461,3 @@ def execute(plan: Plan, store, jobs: int = 1, progress: bool = True, checkpoint_
         failures += [f"{confirm.path}: run {h} failed: {e}" for h, e in summary.failed]
     return failures
 
-
-def _strict(value):
-    from .store import strict_json
-    return strict_json(value)

@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .common import RAW, UsageError, fail_cleanly
+from .common import RAW, UsageError, fail_cleanly, text_table
 
 DEFAULT_DB = "results/evaluate.sqlite"
 
@@ -64,7 +64,7 @@ def cmd_evaluate(args) -> int:
     from ..evaluate import (Defense, compare, comparison_line, cost_line, execute, make_plan, over_budget,
                             published_store, seconds_per_run)
     from ..matrix import FIELDS, parse_override
-    from ..report import markdown, rows_json, write_page
+    from ..report import COLUMNS, Board, cells, markdown, rows_json, write_page
     from ..store import FINISHED, Store, strict_json
 
     if not 1 <= args.jobs <= 512:
@@ -120,22 +120,17 @@ def cmd_evaluate(args) -> int:
         print(write_page(rows, args.out, plan.gamma), file=sys.stderr)
     mine_norms = {r["norm"] for r in own}
     shown = [r for r in board.rows if r["norm"] in mine_norms]
+    yours = [any(r is o for o in own) for r in shown]
+    part = Board(shown, [], [], board.gamma, board.setup)
     if args.format == "json":
-        keys = {r["hash"] for r in mine}
-        rows = rows_json(type(board)(shown))
-        for r, full in zip(rows, shown):
-            r["yours"] = any(run["hash"] in keys for run in full["runs"])
+        rows = [{**r, "yours": y} for r, y in zip(rows_json(part), yours)]
         print(json.dumps(strict_json({"defense": defense.name, "rows": rows, "comparisons": comparisons}),
                          indent=1, allow_nan=False))
     else:
         if args.format == "markdown":
-            print(markdown(type(board)(shown, [], [], board.gamma, board.setup)), end="")
+            print(markdown(part), end="")
         else:
-            from ..report import cells, COLUMNS
-            from .common import text_table
-            keys = {r["hash"] for r in mine}
-            table = [dict(zip(COLUMNS, cells(r)), yours="<- yours" if any(run["hash"] in keys for run in r["runs"])
-                          else "") for r in shown]
+            table = [dict(zip(COLUMNS, cells(r)), yours="<- yours" if y else "") for r, y in zip(shown, yours)]
             print(text_table(table, [*COLUMNS, "yours"]))
         print()
         for c in comparisons:
