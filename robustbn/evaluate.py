@@ -21,6 +21,7 @@ compared, paired over seeds, with the protocol's published best in the same thre
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -31,7 +32,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .matrix import MatrixError, expand, read
-from .report import CATALOGUE_MATRIX, CLEAN_MATRIX, Board, default_matrices, leaderboard, read_rows, threat
+from .report import (CATALOGUE_MATRIX, CLEAN_MATRIX, ROOT_FREE, TRUSTED, Board, default_matrices, leaderboard, read_rows,
+                     threat)
 from .stats import distinct, paired, too_few
 from .worst import BEST, TIED, server_data
 
@@ -75,19 +77,42 @@ class Defense:
 
 
 @dataclass
+class UserAttack:
+    """A user's attack: its spec (a catalogue name or `module:Name`), its parameters and the
+    channels it corrupts (the others stay honest)."""
+
+    spec: str
+    params: dict[str, Any]
+    channels: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in sorted(self.params.items()))
+        return f"{self.spec}{f' ({params})' if params else ''} on {', '.join(self.channels)}"
+
+    @property
+    def slug(self) -> str:
+        words = re.sub(r"[^A-Za-z0-9]+", "_", f"{self.spec} {' '.join(self.channels)}").strip("_").lower()
+        tag = hashlib.sha256(json.dumps(self.params, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        return f"attack_{words}" + (f"_{tag}" if self.params else "")
+
+
+@dataclass
 class Stage:
-    """One step of the plan: a scenario (or search) file and the runs it holds (to do / in all)."""
+    """One step of the plan: a scenario (or search) file and the runs it holds (to do / in all);
+    an attack's stage names the board row it runs against (`row`)."""
 
     name: str
     norm: str
     path: Path
     runs: int
     todo: int
+    row: dict[str, Any] | None = None
 
 
 @dataclass
 class Plan:
-    defense: Defense
+    subject: Defense | UserAttack  # what is evaluated
     protocols: list[str]
     root: Path
     workdir: Path
@@ -242,7 +267,7 @@ def seconds_per_run(plan: Plan, store=None) -> float:
         from .matrix import runs_of
         from .store import FINISHED
         rows = store.rows(status=FINISHED)
-        walls = [r["wall_time_s"] for s in plan.stages if s.name == "catalogue"
+        walls = [r["wall_time_s"] for s in plan.stages if s.name in MATRIX_STAGES
                  for r in runs_of(s.path, rows) if r.get("wall_time_s")]
         if len(walls) >= 3:
             return statistics.median(walls)
@@ -250,6 +275,7 @@ def seconds_per_run(plan: Plan, store=None) -> float:
 
 
 CALIBRATION_ROUNDS = 8
+MATRIX_STAGES = ("catalogue", "against")  # the stages whose runs time a run of the plan
 
 
 def calibrate(plan: Plan) -> float:
@@ -262,7 +288,7 @@ def calibrate(plan: Plan) -> float:
     from .runner import run
     from .scenario import Scenario
 
-    path = next(s.path for s in plan.stages if s.name == "catalogue")
+    path = next(s.path for s in plan.stages if s.name in MATRIX_STAGES)
     scenarios = expand(read(path), str(path))
     # ALIE alone: a middling attack's cost (min-max searches each round, honest is cheaper)
     sc = next((x for x in scenarios if x.grad_attack == "alie" and x.bn_mean_attack in (None, "honest")), scenarios[0])
@@ -283,13 +309,15 @@ def calibrate(plan: Plan) -> float:
 
 
 def cost_line(plan: Plan, seconds: float, jobs: int) -> str:
+    what = (f"{plan.subject.name} against {len(plan.stages)} rows of {', '.join(plan.protocols)}"
+            if isinstance(plan.subject, UserAttack) else f"{plan.subject.name} on {', '.join(plan.protocols)}")
     if not plan.todo:
-        return (f"plan: nothing to run for {plan.defense.name} on {', '.join(plan.protocols)}: its "
-                f"{sum(s.runs for s in plan.stages)} runs are in the store")
+        return f"plan: nothing to run for {what}: its {sum(s.runs for s in plan.stages)} runs are in the store"
     hours = plan.todo * seconds / 3600
-    return (f"plan: {plan.todo} runs to do ({sum(s.runs for s in plan.stages)} in all) for {plan.defense.name} on "
-            f"{', '.join(plan.protocols)}; about {seconds:.0f} s a run here, so {hours:.1f} CPU hours "
-            f"(the matrices run --jobs {jobs} at a time, a search one trial at a time)")
+    searches = any(s.name == "search" for s in plan.stages)
+    search = (", a search one trial at a time" + " in a process beside them" * (jobs >= 2)) if searches else ""
+    return (f"plan: {plan.todo} runs to do ({sum(s.runs for s in plan.stages)} in all) for {what}; about "
+            f"{seconds:.0f} s a run here, so {hours:.1f} CPU hours (the matrices run --jobs {jobs} at a time{search})")
 
 
 def over_budget(plan: Plan, seconds: float, budget: float) -> str | None:
@@ -300,9 +328,9 @@ def over_budget(plan: Plan, seconds: float, budget: float) -> str | None:
     per_norm = hours / max(1, len(plan.protocols))
     fit = int(budget // per_norm) if per_norm > 0 else 0
     search = sum(s.todo for s in plan.stages if s.name == "search") * seconds / 3600
+    trials = f" or search trials (--trials: the searches are {search:.1f} h of it)" if search else ""
     return (f"--budget {budget:g}: the plan needs about {hours:.1f} CPU hours ({plan.todo} runs); cut protocols "
-            f"(--protocol: {fit} of the {len(plan.protocols)} fit, about {per_norm:.1f} h each) or search trials "
-            f"(--trials: the searches are {search:.1f} h of it)")
+            f"(--protocol: {fit} of the {len(plan.protocols)} fit, about {per_norm:.1f} h each){trials}")
 
 
 def confirmation_values(search_path: Path, outcome_json: dict[str, Any]) -> dict[str, Any] | None:
@@ -424,31 +452,39 @@ def comparison_line(c: dict[str, Any]) -> str:
 def execute(plan: Plan, store, jobs: int = 1, progress: bool = True, checkpoint_every: int | None = None,
             log: Callable[[str], None] = print) -> list[str]:
     """Run the plan's stages into `store`, protocol by protocol (finished runs are read back,
-    an interrupted one resumes); returns the failures, one line each. Raises Interrupted on
-    SIGINT or SIGTERM, every running run checkpointed."""
+    an interrupted one resumes); returns the failures, one line each. With jobs >= 2 a
+    protocol's attack search runs in a process of its own beside the clean and catalogue runs
+    (it needs neither; a search is one trial after another, which would leave cores idle).
+    Raises Interrupted on SIGINT or SIGTERM, every running run checkpointed."""
     from .execute import run_matrix
-    from .search import load as load_search
-    from .search import search
-    from .store import strict_json
 
     failures = []
     for norm in plan.protocols:
         stages = {s.name: s for s in plan.stages if s.norm == norm}
-        for name in ("clean", "catalogue"):
-            s = stages[name]
-            log(f"{norm}: {name} ({s.runs} runs, {s.todo} to do): {s.path}")
-            summary = run_matrix(expand(read(s.path), str(s.path)), store, source=str(s.path), jobs=jobs,
-                                 progress=progress, checkpoint_every=checkpoint_every)
-            failures += [f"{s.path}: run {h} failed: {e}" for h, e in summary.failed]
         s = stages["search"]
-        log(f"{norm}: attack search ({s.runs} runs at most: {s.runs // len(TUNING_SEEDS)} trials of seeds "
-            f"{', '.join(map(str, TUNING_SEEDS))}): {s.path}")
-        values, space = load_search(s.path)
-        outcome = search(values, space, store, str(s.path), progress=progress, checkpoint_every=checkpoint_every,
-                         log=log)
-        found = outcome.as_json()
-        s.path.with_suffix(".json").write_text(json.dumps(strict_json(found), indent=1, allow_nan=False) + "\n",
-                                               encoding="utf-8")
+        about = (f"{norm}: attack search ({s.runs} runs at most: {s.runs // len(TUNING_SEEDS)} trials of seeds "
+                 f"{', '.join(map(str, TUNING_SEEDS))}): {s.path}")
+        beside = _SearchProcess(s.path, store.path, checkpoint_every) if jobs >= 2 and s.todo else None
+        try:
+            if beside is not None:
+                log(f"{about}, in a process beside the matrices")
+            for name in ("clean", "catalogue"):
+                m = stages[name]
+                log(f"{norm}: {name} ({m.runs} runs, {m.todo} to do): {m.path}")
+                summary = run_matrix(expand(read(m.path), str(m.path)), store, source=str(m.path), jobs=jobs,
+                                     progress=progress, checkpoint_every=checkpoint_every)
+                failures += [f"{m.path}: run {h} failed: {e}" for h, e in summary.failed]
+            if beside is not None:
+                found = beside.wait(store, progress)
+            else:
+                log(about)
+                found = run_search(s.path, store, progress, checkpoint_every, log)
+        finally:
+            if beside is not None:
+                beside.stop()
+        if found is None:
+            failures.append(f"{s.path}: the search stopped with an error (above); run the same command again")
+            continue
         confirm = stages["confirm"]
         values = confirmation_values(s.path, found)
         if values is None:
@@ -461,3 +497,223 @@ def execute(plan: Plan, store, jobs: int = 1, progress: bool = True, checkpoint_
         failures += [f"{confirm.path}: run {h} failed: {e}" for h, e in summary.failed]
     return failures
 
+
+def run_search(path: Path, store, progress: bool, checkpoint_every: int | None,
+               log: Callable[[str], None]) -> dict[str, Any]:
+    """Run (or resume) the search file `path` into `store`; its outcome's JSON, also written
+    beside it (`search_<norm>.json`)."""
+    from .search import load as load_search
+    from .search import search
+    from .store import strict_json
+
+    values, space = load_search(path)
+    found = strict_json(search(values, space, store, str(path), progress=progress, checkpoint_every=checkpoint_every,
+                               log=log).as_json())
+    path.with_suffix(".json").write_text(json.dumps(found, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    return found
+
+
+class _SearchProcess:
+    """A search file run by `run_search` in a spawned process of one torch thread, into the
+    same store (its claims keep the runs apart). Stopped by SIGTERM: it checkpoints its run."""
+
+    def __init__(self, path: Path, db: Path, checkpoint_every: int | None):
+        import os
+        import signal
+        from multiprocessing import get_context
+
+        from aggregators.plugins import search_path
+
+        self.path = path
+        self.process = get_context("spawn").Process(
+            target=_search_main, args=(str(path), str(db), checkpoint_every, search_path(), os.getpid()))
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # born ignoring Ctrl-C until its handlers are set
+        try:
+            self.process.start()
+        finally:
+            signal.signal(signal.SIGINT, old)
+
+    def wait(self, store, progress: bool) -> dict[str, Any] | None:
+        """Its outcome once it ends (a bar over its runs meanwhile); None if it failed. Raises
+        Interrupted on SIGINT or SIGTERM here."""
+        from tqdm.auto import tqdm
+
+        from .checkpoint import Interrupted, install_stop_handlers, stop_requested
+
+        restore = install_stop_handlers()
+        try:
+            with tqdm(desc="attack search (its runs)", unit="run", disable=not progress) as bar:
+                while self.process.is_alive():
+                    if stop_requested():
+                        raise Interrupted(stop_requested())
+                    self.process.join(2.0)
+                    n = store.db.execute("SELECT COUNT(*) FROM runs WHERE source = ? AND status IN "
+                                         "('done', 'diverged', 'pruned', 'failed')", (str(self.path),)).fetchone()[0]
+                    bar.update(n - bar.n)
+        finally:
+            restore()
+        if self.process.exitcode != 0:
+            return None
+        return json.loads(self.path.with_suffix(".json").read_text(encoding="utf-8"))
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(120)
+
+
+def _search_main(path: str, db: str, checkpoint_every: int | None, search: list[str], parent: int) -> None:
+    import sys
+
+    import torch
+
+    from aggregators.plugins import add_search_path
+
+    from .checkpoint import Interrupted
+    from .execute import _die_with
+    from .store import Store
+
+    _die_with(parent)
+    torch.set_num_threads(1)
+    add_search_path(*search)
+    store = Store(db)
+    try:
+        run_search(Path(path), store, False, checkpoint_every, lambda line: print(line, file=sys.stderr))
+    except Interrupted as e:
+        sys.exit(128 + e.signum)
+    finally:
+        store.close()
+
+
+# `robustbn evaluate --attack SPEC`: a user's attack against the rows the board recommends
+
+CHANNELS = ("grad", "bn_mean", "bn_var")
+NEW_WORST, TIED_WORST, HIGHER = "new worst", "tied with the worst", "higher than the worst"
+
+
+def published_board(root: Path, published: list[dict[str, Any]], gamma: float) -> Board:
+    """The board of the published runs (seeds 0-4), as docs/results.md has it."""
+    return leaderboard(read_rows([r for r in published if r.get("seed") in BOARD_SEEDS], board_files(root)), gamma)
+
+
+def recommended(board: Board, protocols: list[str]) -> list[dict[str, Any]]:
+    """Per protocol and threat model, the rows a practitioner would deploy: every row best or
+    tied for best, else (no verdict) the highest worst case."""
+    out = []
+    for norm in protocols:
+        for model in (ROOT_FREE, TRUSTED):
+            ranked = [r for r in board.rows if r["norm"] == norm and threat(r) == model and r["worst_acc"] is not None]
+            top = [r for r in ranked if r["verdict"] in (BEST, TIED)]
+            out += top or ranked[:1]  # board.rows: the highest worst case first within a protocol
+    return out
+
+
+def against_values(scenario: dict[str, Any], attack: UserAttack, norm: str, defense: str) -> dict[str, Any] | None:
+    """A row's scenario (one of its runs') with the user's attack on its channels, the others
+    honest, on the board's seeds; None where the protocol sends none of those channels."""
+    from .protocols import get as get_protocol
+    sends = get_protocol(norm).sends_statistics
+    channels = [c for c in attack.channels if c == "grad" or sends]
+    if not channels:
+        return None
+    base = {k: v for k, v in scenario.items()
+            if v is not None and k != "seed" and not k.endswith("_attack") and not k.endswith("_attack_params")}
+    attacks = {}
+    for c in CHANNELS:
+        attacks[f"{c}_attack"] = attack.spec if c in channels else "honest"
+        if c in channels and attack.params:
+            attacks[f"{c}_attack_params"] = dict(attack.params)
+    return {"description": f"robustbn evaluate --attack: {attack.name} against {defense} under {norm} (a row the "
+                           f"board recommends), the board's seeds", **base, "seed": BOARD_SEEDS, **attacks}
+
+
+def attack_plan(root: Path, workdir: Path, attack: UserAttack, protocols: list[str] | None, store, published
+                ) -> tuple[Plan, list[str]]:
+    """Write one scenario file per recommended row of the asked protocols under `workdir`,
+    count their runs (to do: not finished in `store`); returns the plan and a line for each
+    protocol left out (it sends none of the attack's channels). `published` is the store of the
+    board's runs."""
+    from .execute import pending
+
+    board = board_protocols(root)
+    protocols = list(dict.fromkeys(protocols or board))
+    unknown = [p for p in protocols if p not in board]
+    if unknown:
+        raise EvaluateError(f"--protocol {unknown[0]!r}: not a protocol of the board; allowed: {', '.join(board)}")
+    gamma = board_gamma(root)
+    plan = Plan(attack, protocols, root, workdir, gamma)
+    workdir.mkdir(parents=True, exist_ok=True)
+    skipped, names = [], set()
+    for row in recommended(published_board(root, published.rows(status=("done", "diverged")), gamma), protocols):
+        run_hash = row["runs"][0]["hash"]
+        scenario = json.loads(published.db.execute("SELECT scenario FROM runs WHERE hash = ?", (run_hash,)).fetchone()[0])
+        values = against_values(scenario, attack, row["norm"], row["defense"])
+        if values is None:
+            skipped.append(f"{row['norm']}: sends no BN statistics, so {attack.name} has nothing to corrupt there")
+            continue
+        name = re.sub(r"[^A-Za-z0-9]+", "_", f"{row['norm']} {threat(row)} {row['defense']}").strip("_").lower()[:80]
+        while name in names:
+            name += "_"
+        names.add(name)
+        path = workdir / f"{name}.toml"
+        text = toml_text(values)
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+        todo, _, total = pending(expand(read(path), str(path)), store, None, None)
+        plan.stages.append(Stage("against", row["norm"], path, total, len(todo), row))
+    plan.protocols = [p for p in protocols if any(s.norm == p for s in plan.stages)]
+    return plan, list(dict.fromkeys(skipped))
+
+
+def execute_attack(plan: Plan, store, jobs: int = 1, progress: bool = True, checkpoint_every: int | None = None,
+                   log: Callable[[str], None] = print) -> list[str]:
+    """Run each row's file into `store`; returns the failures, one line each. Raises
+    Interrupted on SIGINT or SIGTERM, every running run checkpointed."""
+    from .execute import run_matrix
+
+    failures = []
+    for s in plan.stages:
+        log(f"{s.norm}: against {s.row['defense']} ({s.runs} runs, {s.todo} to do): {s.path}")
+        summary = run_matrix(expand(read(s.path), str(s.path)), store, source=str(s.path), jobs=jobs,
+                             progress=progress, checkpoint_every=checkpoint_every)
+        failures += [f"{s.path}: run {h} failed: {e}" for h, e in summary.failed]
+    return failures
+
+
+def attack_verdicts(plan: Plan, mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One verdict per row attacked: the user's attack's accuracy over seeds against the row's
+    current worst case, B - A paired over seeds: NEW_WORST (lower, the interval below 0),
+    TIED_WORST or HIGHER."""
+    from .matrix import runs_of
+    from .stats import ACCURACY, accuracy, interval
+
+    out = []
+    for s in plan.stages:
+        row = s.row
+        yours = {}
+        for r in runs_of(s.path, mine):
+            if r.get("seed") in BOARD_SEEDS and r.get("status") in ("done", "diverged"):
+                yours[r["seed"]] = accuracy(r)[0]
+        est = interval(yours.values(), ACCURACY)
+        d = paired(seed_worst(row), yours)
+        verdict = too_few(d.n) or (HIGHER if distinct(d) and d.low > 0 else NEW_WORST if distinct(d) else TIED_WORST)
+        out.append({"norm": row["norm"], "defense": row["defense"], "threat": threat(row),
+                    "server_data": row["server_data"], "board_verdict": row["verdict"], "worst_acc": row["worst_acc"],
+                    "worst_low": row["ci_low"], "worst_high": row["ci_high"], "worst_attack": row["worst_attack"],
+                    "attack_acc": est.mean if yours else None, "attack_low": est.low, "attack_high": est.high,
+                    "seeds": len(yours), "diff": d.mean if d.n else None, "low": d.low, "high": d.high, "pairs": d.n,
+                    "verdict": verdict, "file": str(s.path)})
+    return out
+
+
+def attack_summary(attack: UserAttack, verdicts: list[dict[str, Any]]) -> str:
+    """"norm-matched-flip on grad lowers 2 of the 9 recommended rows: ...; tied with the worst
+    of 5; higher than the worst of 2"."""
+    lowered = [v for v in verdicts if v["verdict"] == NEW_WORST]
+    counts = {w: sum(v["verdict"] == w for v in verdicts) for w in (TIED_WORST, HIGHER)}
+    rest = "; ".join(f"{w} of {n}" for w, n in counts.items() if n)
+    other = len(verdicts) - len(lowered) - sum(counts.values())
+    rest += f"{'; ' if rest else ''}no verdict on {other}" if other else ""
+    named = ": " + ", ".join(f"{v['norm']} {v['defense']} ({v['threat']})" for v in lowered) if lowered else ""
+    return (f"{attack.name} lowers {len(lowered)} of the {len(verdicts)} rows the board recommends{named}"
+            f"{'; ' + rest if rest else ''}")

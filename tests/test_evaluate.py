@@ -41,25 +41,29 @@ class Average(Rule):
 '''
 
 
-@pytest.fixture(scope="module")
-def board(tmp_path_factory):
-    """A board root: its two matrix files and the published CSV of their runs."""
-    root = tmp_path_factory.mktemp("board")
+def make_board(root, catalogue, clean, module, text):
+    """A board root: its two matrix files, the published CSV of their runs, and a user's module."""
+    import contextlib
+    import io
+
     (root / "scenarios").mkdir()
     (root / "docs").mkdir()
-    (root / "scenarios" / "worst_case_fmnist.toml").write_text(toml_text(BOARD))
-    (root / "scenarios" / "clean_worst_case_fmnist.toml").write_text(toml_text(CLEAN))
+    (root / "scenarios" / "worst_case_fmnist.toml").write_text(toml_text(catalogue))
+    (root / "scenarios" / "clean_worst_case_fmnist.toml").write_text(toml_text(clean))
     db = root / "published.sqlite"
     for name in ("worst_case_fmnist", "clean_worst_case_fmnist"):
         assert main(["run", str(root / "scenarios" / f"{name}.toml"), "--db", str(db), "--quiet"]) == 0
-    import contextlib
-    import io
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["results", "--db", str(db), "--format", "csv"]) == 0
     (root / "docs" / "results.csv").write_text(out.getvalue())
-    (root / "mine.py").write_text(MEAN_IN_DISGUISE)
+    (root / f"{module}.py").write_text(text)
     return root
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory):
+    return make_board(tmp_path_factory.mktemp("board"), BOARD, CLEAN, "mine", MEAN_IN_DISGUISE)
 
 
 def evaluate(capsys, root, db, *extra):
@@ -130,3 +134,128 @@ def test_outside_the_repository_it_says_where_the_board_is(tmp_path, capsys, mon
     monkeypatch.chdir(tmp_path)
     code = main(["evaluate", "median", "--db", str(tmp_path / "e.sqlite")])
     one_line_error(capsys, code, "scenarios/worst_case_fmnist.toml", "no such file", "--root")
+
+
+# `robustbn evaluate --attack`: a board whose recommended rows are the mean and the median
+ATTACK_BOARD = {**BOARD, "grad_agg": ["mean", "median"], "bn_agg": ["median"], "grad_attack": ["honest", "inf"],
+                "bn_mean_attack": "honest", "exclude": [{"grad_attack": "honest"}]}
+ATTACK_CLEAN = {**{k: v for k, v in ATTACK_BOARD.items() if k != "exclude"}, "grad_attack": "honest"}
+THEIR_ATTACKS = '''
+import attacks
+
+class Flip(attacks.Attack):
+    """The honest mean, flipped and scaled: what the mean cannot survive."""
+    name = "flip"
+
+    def __init__(self, scale: float = 10.0):
+        self.scale = float(scale)
+
+    def forge(self, honest, f):
+        return (-self.scale * honest.mean(0)).repeat(f, 1)
+'''
+
+
+@pytest.fixture(scope="module")
+def attack_board(tmp_path_factory):
+    return make_board(tmp_path_factory.mktemp("attack_board"), ATTACK_BOARD, ATTACK_CLEAN, "theirs", THEIR_ATTACKS)
+
+
+def evaluate_attack(capsys, root, db, *extra):
+    code = main(["evaluate", "--attack", "theirs:Flip", "--root", str(root), "--db", str(db), "--quiet",
+                 "--format", "json", *extra])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return json.loads(out.out), out.err
+
+
+def test_a_users_attack_names_the_rows_it_lowers_paired(attack_board, tmp_path, capsys, clean_search_path,
+                                                        monkeypatch):
+    from robustbn.evaluate import NEW_WORST
+
+    monkeypatch.chdir(attack_board)
+    db = tmp_path / "a.sqlite"
+    got, err = evaluate_attack(capsys, attack_board, db, "--attack-param", "scale=10")
+    assert "runs to do" in err and "against 2 rows of fbn" in err
+    rows = {r["defense"]: r for r in got["rows"]}
+    assert set(rows) == {"mean on the gradients, median on the mean and variance", "median"}
+    mean = rows["mean on the gradients, median on the mean and variance"]
+    # the flipped mean, ten times over, takes the mean down: a new worst case, paired over 5 seeds
+    assert mean["verdict"] == NEW_WORST and mean["pairs"] == 5 and mean["high"] < 0
+    assert "lowers 1 of the 2 rows" in got["summary"] or "lowers 2 of the 2 rows" in got["summary"]
+    assert "fbn mean on the gradients" in got["summary"]
+    # each number recomputed from the store: the attack's runs, and the row's worst from the published CSV
+    import sqlite3
+    with sqlite3.connect(db) as con:
+        mine = {json.loads(s)["seed"]: json.loads(h)[-1]["test_acc"] for s, h in con.execute(
+            "SELECT scenario, history FROM runs WHERE status = 'done' AND source LIKE '%mean_on_the_gradients%'")}
+    with sqlite3.connect(attack_board / "published.sqlite") as con:
+        published = [(json.loads(s), json.loads(h)[-1]["test_acc"]) for s, h in con.execute(
+            "SELECT scenario, history FROM runs WHERE status = 'done'")]
+    worst = {s["seed"]: a for s, a in published if s["grad_agg"] == "mean" and s["grad_attack"] == "inf"}
+    assert sorted(mine) == [0, 1, 2, 3, 4]
+    assert mean["attack_acc"] == pytest.approx(statistics.fmean(mine.values()), abs=1e-9)
+    assert mean["worst_acc"] == pytest.approx(statistics.fmean(worst.values()), abs=1e-9)
+    assert mean["diff"] == pytest.approx(statistics.fmean(mine[s] - worst[s] for s in mine), abs=1e-9)
+    # the same command again: nothing runs, the same answer
+    again, err = evaluate_attack(capsys, attack_board, db, "--attack-param", "scale=10")
+    assert "nothing to run" in err and again == got
+
+
+def test_an_attack_that_changes_nothing_lowers_no_row(attack_board, tmp_path, capsys, clean_search_path, monkeypatch):
+    from robustbn.evaluate import NEW_WORST
+
+    monkeypatch.chdir(attack_board)
+    # scale 0: every Byzantine client sends zeros, a message of no size
+    got, _ = evaluate_attack(capsys, attack_board, tmp_path / "a.sqlite", "--attack-param", "scale=0",
+                             "--protocol", "fbn")
+    assert got["rows"] and all(r["verdict"] != NEW_WORST for r in got["rows"])
+    assert "lowers 0 of the 2 rows" in got["summary"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--attack", "nosuch"], ["--attack 'nosuch'", "unknown attack", "allowed"]),
+    (["--attack", "median"], ["--attack 'median'", "a defense, not an attack", "robustbn evaluate median"]),
+    (["alie"], ["SPEC 'alie'", "an attack, not a defense", "--attack alie"]),
+    (["median", "--attack", "alie"], ["not both"]),
+    ([], ["give a defense", "--attack SPEC"]),
+    (["--attack", "alie", "--attack-param", "nosuch=1"], ["--attack-param", "does not take nosuch", "allowed: z"]),
+    (["--attack", "alie", "--bn", "median"], ["--bn is for a defense"]),
+    (["median", "--channel", "bn_mean"], ["--channel is for --attack"]),
+    (["--attack", "alie", "--protocol", "naive"], ["--protocol 'naive'", "not a protocol of the board"]),
+])
+def test_bad_attack_input_gets_one_line(attack_board, tmp_path, capsys, args, words, clean_search_path):
+    code = main(["evaluate", *args, "--root", str(attack_board), "--db", str(tmp_path / "e.sqlite"), "--quiet"])
+    one_line_error(capsys, code, *words)
+
+
+def test_the_worked_example_evaluates_its_rule_and_its_attack(attack_board, tmp_path, capsys, clean_search_path,
+                                                              monkeypatch):
+    """examples/evaluate_your_defense: its README's two commands, on the cut-down board."""
+    from pathlib import Path
+
+    from robustbn.evaluate import HIGHER, NEW_WORST, TIED_WORST
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "evaluate_your_defense"
+    readme = (example / "README.md").read_text()
+    assert "robustbn evaluate myrule:DropFarthest --protocol fbn" in readme
+    assert "robustbn evaluate --attack myattack:NormMatchedFlip --protocol fbn" in readme
+    monkeypatch.chdir(example)  # where the user's modules are
+    db = tmp_path / "e.sqlite"
+    code = main(["evaluate", "myrule:DropFarthest", "--protocol", "fbn", "--root", str(attack_board), "--db", str(db),
+                 "--jobs", "2", "--trials", "2", "--quiet", "--format", "json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    got = json.loads(out.out)
+    (mine,) = [r for r in got["rows"] if r["yours"]]
+    assert mine["defense"] == "myrule:DropFarthest" and mine["seeds"] == 5 and mine["searched"]
+    assert mine["attacks_run"] == 2  # inf and the searched attack (the catalogue's honest row is its clean run)
+    (c,) = got["comparisons"]
+    assert c["threat"] == "root-free" and c["pairs"] == 5 and c["verdict"] in ("better", "worse", "tied")
+    assert c["against"] in {r["defense"] for r in got["rows"] if not r["yours"]}
+
+    code = main(["evaluate", "--attack", "myattack:NormMatchedFlip", "--protocol", "fbn", "--root", str(attack_board),
+                 "--db", str(db), "--jobs", "2", "--quiet"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "NormMatchedFlip on grad lowers" in out.out and "of the 2 rows the board recommends" in out.out
+    assert sum(out.out.count(w) for w in (NEW_WORST, TIED_WORST, HIGHER)) >= 2

@@ -26,6 +26,7 @@ def test_bring_your_own_defense_runs_its_matrix_and_passes_the_kit(tmp_path, cle
 
 # every folder under examples/ and the test that runs it at a small size
 RUN_BY = {"bring_your_own_defense": "test_examples.py::test_bring_your_own_defense_runs_its_matrix_and_passes_the_kit",
+          "evaluate_your_defense": "test_evaluate.py::test_the_worked_example_evaluates_its_rule_and_its_attack",
           "flower": "test_flower_app.py::test_flwr_run_in_the_simulation_runtime"}
 
 
