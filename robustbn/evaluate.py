@@ -248,16 +248,30 @@ def make_plan(root: Path, workdir: Path, defense: Defense, protocols: list[str] 
                 runs = space.trials * len(space.seeds)
                 ended = store.db.execute("SELECT COUNT(*) FROM runs WHERE source = ? AND status IN "
                                          "('done', 'diverged', 'pruned')", (str(path),)).fetchone()[0]
-                plan.stages.append(Stage(name, norm, path, runs, max(0, runs - ended)))
+                # at most: a trial that one seed settles never runs its other
+                search_todo = 0 if _search_finished(path, space.trials) else max(0, runs - ended)
+                plan.stages.append(Stage(name, norm, path, runs, search_todo))
                 confirm = workdir / f"searched_worst_{norm}.toml"
                 todo = len(pending(expand(read(confirm), str(confirm)), store, None, None)[0]) \
-                    if confirm.is_file() and not max(0, runs - ended) else len(BOARD_SEEDS)
+                    if confirm.is_file() and not search_todo else len(BOARD_SEEDS)
                 plan.stages.append(Stage("confirm", norm, confirm, len(BOARD_SEEDS), todo))
             else:
                 scenarios = expand(read(path), str(path))
                 todo, _, total = pending(scenarios, store, None, None)
                 plan.stages.append(Stage(name, norm, path, total, len(todo)))
     return plan
+
+
+def _search_finished(path: Path, trials: int) -> bool:
+    """Whether the search file's outcome (its .json, written after the file) holds every trial."""
+    found = path.with_suffix(".json")
+    if not found.is_file() or found.stat().st_mtime < path.stat().st_mtime:
+        return False
+    try:
+        data = json.loads(found.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(data.get("stopped")) or data.get("trials", 0) >= trials
 
 
 def seconds_per_run(plan: Plan, store=None) -> float:
@@ -417,36 +431,41 @@ def compare(plan: Plan, mine: list[dict[str, Any]], published: list[dict[str, An
            and any(run["hash"] in mine_hashes for run in r["runs"])]
     comparisons = []
     for r in own:
-        model = threat(r)
-        rivals = [p for p in pub_board.rows if p["norm"] == r["norm"] and threat(p) == model
-                  and p["worst_acc"] is not None and p["defense"] != r["defense"]]
-        if not rivals or r["worst_acc"] is None:
-            comparisons.append({"norm": r["norm"], "defense": r["defense"], "threat": model, "against": None,
-                                "diff": None, "low": None, "high": None, "pairs": 0,
-                                "verdict": "no published row to compare with" if not rivals else "no worst case"})
-            continue
-        best = max(rivals, key=lambda p: p["worst_acc"])
-        theirs = next((b for b in board.rows if (b["norm"], b["defense"], threat(b)) ==
-                       (best["norm"], best["defense"], model)), best)
-        d = paired(seed_worst(theirs), seed_worst(r))
-        comparisons.append({"norm": r["norm"], "defense": r["defense"], "threat": model, "against": best["defense"],
-                            "against_verdict": best["verdict"], "diff": d.mean, "low": d.low, "high": d.high,
-                            "pairs": d.n, "verdict": verdict_word(d)})
+        mine_model = threat(r)
+        for model in (mine_model, *(m for m in (ROOT_FREE, TRUSTED) if m != mine_model)):
+            rivals = [p for p in pub_board.rows if p["norm"] == r["norm"] and threat(p) == model
+                      and p["worst_acc"] is not None and p["defense"] != r["defense"]]
+            base = {"norm": r["norm"], "defense": r["defense"], "threat": mine_model, "against_threat": model}
+            if not rivals or r["worst_acc"] is None:
+                comparisons.append({**base, "against": None, "diff": None, "low": None, "high": None, "pairs": 0,
+                                    "verdict": "no published row to compare with" if not rivals else "no worst case"})
+                continue
+            best = max(rivals, key=lambda p: p["worst_acc"])
+            theirs = next((b for b in board.rows if (b["norm"], b["defense"], threat(b)) ==
+                           (best["norm"], best["defense"], model)), best)
+            d = paired(seed_worst(theirs), seed_worst(r))
+            comparisons.append({**base, "against": best["defense"], "against_verdict": best["verdict"],
+                                "against_server_data": best["server_data"], "diff": d.mean, "low": d.low,
+                                "high": d.high, "pairs": d.n, "verdict": verdict_word(d)})
     return board, own, comparisons, rows
 
 
 def comparison_line(c: dict[str, Any]) -> str:
-    """"fbn, root-free: B - A = -3.1 points [-5.0, -1.2] over 5 seeds against nnm+trmean (the
-    published best): worse"."""
+    """"with fbn, root-free: drop-farthest - nnm+trmean (the published best) = -3.1 points
+    [-5.0, -1.2], paired over 5 seeds: worse"; against the other threat model's best, that
+    model named (a rule of trusted server data answers another question)."""
+    where = c["threat"] if c["against_threat"] == c["threat"] else \
+        f"{c['threat']} against the best with {c['against_threat']}" if c["against_threat"] == TRUSTED else \
+        f"{c['threat']} against the best {c['against_threat']} row"
     if c["against"] is None:
-        return f"with {c['norm']}, {c['threat']}: {c['defense']}: {c['verdict']}"
+        return f"with {c['norm']}, {where}: {c['defense']}: {c['verdict']}"
     pct = lambda v: "-" if v is None else f"{100 * v:+.1f}"
     interval_ = f" [{pct(c['low'])}, {pct(c['high'])}]" if c["low"] is not None else " (no interval)"
     kind = "published best" if c.get("against_verdict") == BEST else (
         "highest published worst case, tied for best" if c.get("against_verdict") == TIED else "highest published worst case")
-    return (f"with {c['norm']}, {c['threat']}: {c['defense']} - {c['against']} ({kind}) = {pct(c['diff'])} points"
+    data = f", {c['against_server_data']}" if c.get("against_server_data") else ""
+    return (f"with {c['norm']}, {where}: {c['defense']} - {c['against']} ({kind}{data}) = {pct(c['diff'])} points"
             f"{interval_}, paired over {c['pairs']} seed{'s' * (c['pairs'] != 1)}: {c['verdict']}")
-
 
 
 def execute(plan: Plan, store, jobs: int = 1, progress: bool = True, checkpoint_every: int | None = None,
@@ -543,13 +562,15 @@ class _SearchProcess:
         restore = install_stop_handlers()
         try:
             with tqdm(desc="attack search (its runs)", unit="run", disable=not progress) as bar:
-                while self.process.is_alive():
+                while True:
                     if stop_requested():
                         raise Interrupted(stop_requested())
-                    self.process.join(2.0)
                     n = store.db.execute("SELECT COUNT(*) FROM runs WHERE source = ? AND status IN "
                                          "('done', 'diverged', 'pruned', 'failed')", (str(self.path),)).fetchone()[0]
                     bar.update(n - bar.n)
+                    if not self.process.is_alive():
+                        break
+                    self.process.join(2.0)
         finally:
             restore()
         if self.process.exitcode != 0:

@@ -32,10 +32,21 @@ from .labels import (  # noqa: E402
     text,
     varying,
 )
-from .stats import ACCURACY, CLIPPED_WORDS, bands, ci_text, interval  # noqa: E402
-from .worst import BEST, DEFENSE_FIELDS, RESULT, SEARCHED, TIED, worst_case  # noqa: E402
+from .stats import ACCURACY, CLIPPED_WORDS, accuracy, bands, ci_text, interval  # noqa: E402
+from .worst import (  # noqa: E402
+    ATTACK_FIELDS,
+    BEST,
+    DEFENSE_FIELDS,
+    RESULT,
+    SEARCHED,
+    TIED,
+    setting_groups,
+    worst_case,
+)
 
-KINDS = ("curves", "heterogeneity", "heatmap", "worst-case")
+KINDS = ("curves", "heterogeneity", "heatmap", "worst-case", "robustness")
+ROBUSTNESS_X = ("gamma", "f", "alpha")  # the axes of a robustness curve
+LINE_COLORS = (*plt.get_cmap("tab10").colors, *plt.get_cmap("Dark2").colors)  # a color per defense, 18 apart
 # the pipeline of the attacked channels: "mean" (undefended) solid, each other a dash pattern
 DEFENSE_STYLES = ((0, (5, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)), (0, (2, 2)), (0, (8, 2, 1, 2, 1, 2)),
                   (0, (3, 1, 1, 1)), (0, (10, 3)), (0, (1, 3)))
@@ -276,18 +287,94 @@ def worst_case_figure(rows, title: str | None = None):
     return fig
 
 
+def robustness_lines(rows: list[dict[str, Any]], x: str) -> dict[str, dict[tuple, list[dict[str, Any]]]]:
+    """{norm: {a defense's line key: its worst-case table rows (robustbn.worst) along `x`}}: a
+    line is a defense with every setting field but `x` fixed; each point carries
+    `worst_diverged`, the runs of its worst attack that diverged (counted at chance)."""
+    if x not in ROBUSTNESS_X:
+        raise ValueError(f"--x {x}: a robustness curve runs along one of {', '.join(ROBUSTNESS_X)}")
+    table = [t for t in worst_case(rows) if t.get(x) is not None]
+    if not table:
+        raise ValueError(f"no finished run has {x}: nothing to plot along it")
+    keys, settings = setting_groups(rows)
+    for t in table:
+        runs = settings.get(tuple(hashable(t.get(k)) for k in keys), [])
+        worst = [r for r in runs if t["worst_attack"] not in (None, NO_ATTACK)
+                 and all(hashable(r.get(k)) == hashable(t[f"worst_{k}"]) for k in ATTACK_FIELDS)]
+        t["worst_diverged"] = sum(accuracy(r)[1] for r in worst)
+    fixed = varying(table, set(RESULT) | {"norm", x, "worst_diverged"})
+    out: dict[str, dict[tuple, list[dict[str, Any]]]] = {}
+    for norm in sorted({t["norm"] for t in table}, key=norm_order):
+        lines = group([t for t in table if t["norm"] == norm], fixed)
+        out[norm] = {k: sorted(pts, key=lambda t: sort_key(t[x])) for k, pts in
+                     sorted(lines.items(), key=lambda kv: (kv[1][0]["defense"] != "mean", kv[1][0]["defense"],
+                                                           repr(kv[0])))}
+    return out
+
+
+def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str | None = None):
+    """One panel per norm protocol; a line per defense: its worst-case accuracy over the attacks
+    run (catalogue and confirmed searched) along `x`, the 95% band over the worst attack's seeds,
+    its clean accuracy dashed, and a cross at a point whose worst attack made runs diverge. A
+    defense keeps its color and marker in every panel."""
+    lines = robustness_lines(rows, x)
+    name = lambda t: t["defense"] + (f" ({t['server_data']})" if t.get("server_data") else "")
+    names = sorted({name(pts[0]) for mine in lines.values() for pts in mine.values()}, key=lambda n: (n != "mean", n))
+    seeds = {n: [t["seeds"] for mine in lines.values() for pts in mine.values() for t in pts
+                 if name(t) == n and t["worst_acc"] is not None] for n in names}
+    fig, axes = plt.subplots(1, len(lines), figsize=(4.6 * len(lines) + 1, 4.8), sharey=True, squeeze=False,
+                             layout="constrained")
+    handles = {}
+    for ax, (norm, mine) in zip(axes[0], lines.items()):
+        for pts in mine.values():
+            n = name(pts[0])
+            i = names.index(n)
+            color = LINE_COLORS[i % len(LINE_COLORS)]
+            known = [t for t in pts if t["worst_acc"] is not None]
+            xs = [t[x] for t in known]
+            handles[n], = ax.plot(xs, [t["worst_acc"] for t in known], color=color,
+                                  marker=MARKERS[i % len(MARKERS)], markersize=5, linewidth=1.6)
+            low = [t["worst_acc"] if t["ci_low"] is None else t["ci_low"] for t in known]
+            high = [t["worst_acc"] if t["ci_high"] is None else t["ci_high"] for t in known]
+            ax.fill_between(xs, low, high, color=color, alpha=0.15, linewidth=0)
+            clean = [t for t in pts if t["no_attack_acc"] is not None]
+            ax.plot([t[x] for t in clean], [t["no_attack_acc"] for t in clean], color=color, linestyle="--",
+                    linewidth=1.0, marker="o", markersize=4, markerfacecolor="none")  # a lone point shows too
+            bad = [t for t in known if t["worst_diverged"]]
+            if bad:
+                ax.scatter([t[x] for t in bad], [t["worst_acc"] for t in bad], marker="x", s=70, color="black",
+                           zorder=5, gid="diverged")
+        ax.set_title(norm_words(norm), fontsize=10)
+        ax.set_xlabel(x)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(0, 1)
+    axes[0][0].set_ylabel("worst-case test accuracy")
+    handles = {n: handles[n] for n in names if n in handles}
+    words = [f"{n} ({over(min(seeds[n]), max(seeds[n]))})" if seeds[n] else n for n in handles]
+    legend = [*handles.values(), plt.Line2D([], [], color="gray", linestyle="--", marker="o", markerfacecolor="none"),
+              plt.Line2D([], [], color="black", marker="x", linestyle="none")]
+    words += ["clean accuracy (no attack), the defense's color", "the worst attack's runs diverged (counted at chance)"]
+    fig.set_size_inches(fig.get_size_inches()[0], 4.8 + 0.2 * (len(words) + 1) // 2)
+    fig.legend(legend, words, fontsize=7, loc="outside lower center", ncols=2)
+    caption = (f"worst case over the attacks run (catalogue and confirmed searched): mean over seeds, band: "
+               f"{CLIPPED_WORDS}")
+    fig.suptitle(f"{title}\n{caption}" if title else caption, fontsize=9)
+    return fig
+
+
 def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: str = "gamma"):
     """The figure of `kind` for the finished runs among `rows` (not saved; see `plot`)."""
     if kind not in KINDS:
         raise ValueError(f"unknown plot kind {kind!r}; allowed: {', '.join(KINDS)}")
     # worst-case counts diverged runs (and finished runs without a history) at chance (robustbn.worst),
     # as its table does; the other plots draw accuracies, which a diverged run has not
-    finished = ("done", "diverged") if kind == "worst-case" else ("done",)
-    rows = [r for r in rows if r["status"] in finished and (r["history"] or kind == "worst-case")]
+    judged = kind in ("worst-case", "robustness")
+    finished = ("done", "diverged") if judged else ("done",)
+    rows = [r for r in rows if r["status"] in finished and (r["history"] or judged)]
     if not rows:
         raise ValueError("no finished runs match: nothing to plot (see `robustbn results`)")
-    if kind == "worst-case":
-        fig = worst_case_figure(rows, title)  # the title above the caption that says what a cell is
+    if kind in ("worst-case", "robustness"):  # the title above the caption that says what is drawn
+        fig = worst_case_figure(rows, title) if kind == "worst-case" else robustness_figure(rows, x, title)
         title = None
     elif kind == "heatmap":
         fig = heatmap_figure(rows)

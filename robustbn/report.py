@@ -269,8 +269,9 @@ def markdown(board: Board) -> str:
         if r["verdict"] == BEST:
             text = [f"**{c}**" for c in text]
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in text) + " |")
-    out += ["", "Not on the leaderboard (no runs at this setting):", ""]
-    out += [f"- {norm_words(p)} (`{p}`): {reason}" for p, reason in board.absent]
+    if board.absent:
+        out += ["", "Not on the leaderboard (no runs at this setting):", ""]
+        out += [f"- {norm_words(p)} (`{p}`): {reason}" for p, reason in board.absent]
     return "\n".join(out) + "\n"
 
 

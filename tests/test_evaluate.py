@@ -84,7 +84,9 @@ def test_the_mean_in_disguise_is_worse_than_the_published_best_paired(board, tmp
     mine = [r for r in got["rows"] if r["yours"]]
     assert [r["norm"] for r in mine] == ["fbn"] and mine[0]["seeds"] == 5
     assert mine[0]["searched"] and "searched_worst_fbn.toml" in mine[0]["searched"]
-    (c,) = got["comparisons"]
+    c, other = got["comparisons"]  # the best in its threat model, then in the other (none on this board)
+    assert (c["threat"], c["against_threat"], other["against_threat"]) == ("root-free", "root-free", "trusted server data")
+    assert other["against"] is None and other["verdict"] == "no published row to compare with"
     assert c["against"] == "median" and c["pairs"] == 5 and c["verdict"] == "worse" and c["high"] < 0
     # the row's worst case, recomputed from the store: the lowest mean over seeds of an attack's accuracies
     import sqlite3
@@ -249,8 +251,8 @@ def test_the_worked_example_evaluates_its_rule_and_its_attack(attack_board, tmp_
     (mine,) = [r for r in got["rows"] if r["yours"]]
     assert mine["defense"] == "myrule:DropFarthest" and mine["seeds"] == 5 and mine["searched"]
     assert mine["attacks_run"] == 2  # inf and the searched attack (the catalogue's honest row is its clean run)
-    (c,) = got["comparisons"]
-    assert c["threat"] == "root-free" and c["pairs"] == 5 and c["verdict"] in ("better", "worse", "tied")
+    c = got["comparisons"][0]
+    assert c["threat"] == c["against_threat"] == "root-free" and c["pairs"] == 5 and c["verdict"] in ("better", "worse", "tied")
     assert c["against"] in {r["defense"] for r in got["rows"] if not r["yours"]}
 
     code = main(["evaluate", "--attack", "myattack:NormMatchedFlip", "--protocol", "fbn", "--root", str(attack_board),

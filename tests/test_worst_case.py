@@ -413,3 +413,58 @@ def test_results_and_plot_worst_case_read_several_matrix_files(tmp_path, capsys)
     assert main(["results", "--db", str(db), "--worst-case", "--matrix", str(tmp_path / "nope.toml")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("robustbn results: --matrix ") and "no such scenario file" in err
+
+
+def robustness_store(path) -> Store:
+    """Two protocols x two defenses along gamma (0, 0.5, 1), two attacks, seeds 0-1, a no-attack
+    baseline; at FBN + mean, gamma 0.5, the worst attack's seed 1 diverged (NaN: at chance)."""
+    store = Store(path)
+    for seed in (0, 1):
+        for norm in ("naive", "fbn"):
+            for d, defense in enumerate(DEFENSES):
+                for g, gamma in enumerate((0.0, 0.5, 1.0)):
+                    base = 0.2 + 0.15 * g + 0.1 * d + 0.05 * (norm == "fbn") + 0.01 * seed
+                    sf = NAN if (norm, defense, gamma, seed) == ("fbn", "mean", 0.5, 1) else base
+                    add(store, sf, norm=norm, f=3, seed=seed, gamma=gamma, **DEFENSES[defense],
+                        **ATTACKS["sf-mean"])
+                    add(store, base + 0.1, norm=norm, f=3, seed=seed, gamma=gamma, **DEFENSES[defense],
+                        **ATTACKS["alie-grad"])
+                    add(store, base + 0.2, norm=norm, f=3, seed=seed, gamma=gamma, **DEFENSES[defense])
+    return store
+
+
+def test_robustness_curves_draw_the_worst_case_along_x_with_clean_dashed_and_divergence_marked(tmp_path, capsys):
+    from robustbn.plots import robustness_lines
+
+    with robustness_store(tmp_path / "r.sqlite") as store:
+        rows = store.rows()
+    lines = robustness_lines(rows, "gamma")
+    assert list(lines) == ["naive", "fbn"]
+    fbn = {pts[0]["defense"]: pts for pts in lines["fbn"].values()}
+    assert list(fbn) == [MEAN_DEFENSE, ROBUST_DEFENSE]
+    # the worst case at each gamma: SF's mean over seeds 0 and 1, a diverged run at 1 / 10 classes
+    expect = {0.0: (0.25 + 0.26) / 2, 0.5: (0.40 + 0.1) / 2, 1.0: (0.55 + 0.56) / 2}
+    assert {t["gamma"]: t["worst_acc"] for t in fbn[MEAN_DEFENSE]} == pytest.approx(expect)
+    assert [t["worst_diverged"] for t in fbn[MEAN_DEFENSE]] == [0, 1, 0]
+    assert [t["no_attack_acc"] for t in fbn[MEAN_DEFENSE]] == pytest.approx([0.455, 0.605, 0.755])
+    assert [t["no_attack_acc"] for t in fbn[ROBUST_DEFENSE]] == pytest.approx([0.555, 0.705, 0.855])
+
+    fig = figure(rows, "robustness", x="gamma")
+    panels = [a for a in fig.axes if a.get_title()]
+    assert [a.get_title() for a in panels] == ["naive BN", "FBN"]
+    solid = [ln for ln in panels[1].get_lines() if ln.get_linestyle() == "-"]
+    dashed = [ln for ln in panels[1].get_lines() if ln.get_linestyle() == "--"]
+    assert len(solid) == len(dashed) == 2
+    assert list(solid[0].get_xdata()) == [0.0, 0.5, 1.0]
+    assert list(solid[0].get_ydata()) == pytest.approx([expect[g] for g in (0.0, 0.5, 1.0)])
+    crosses = lambda ax: [c.get_offsets().tolist() for c in ax.collections if c.get_gid() == "diverged"]
+    (cross,) = crosses(panels[1])
+    assert cross[0] == pytest.approx([0.5, expect[0.5]]) and len(cross) == 1 and crosses(panels[0]) == []
+
+    out = tmp_path / "r.png"
+    assert main(["plot", "robustness", "--x", "gamma", "--db", str(tmp_path / "r.sqlite"), "--out", str(out)]) == 0
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    assert main(["plot", "robustness", "--x", "seed", "--db", str(tmp_path / "r.sqlite"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--x seed" in err and "gamma, f, alpha" in err

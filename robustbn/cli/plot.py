@@ -21,19 +21,24 @@ def register(sub) -> None:
                                    "worst-case: defense x norm mode, one panel per other varying setting (f, gamma, ...), each "
                                    "cell the worst accuracy over attacks (seeds pooled) and the worst attack with the "
                                    "channels it hit (\"SF (mean)\"), \"(searched)\" where it came from an attack search's "
-                                   "confirmation file (--matrix); see `robustbn results --worst-case`.",
+                                   "confirmation file (--matrix); see `robustbn results --worst-case`. robustness: "
+                                   "one panel per norm mode, a line per defense along --x (gamma, f or alpha): its "
+                                   "worst case over the attacks run with its 95% band over seeds, its clean accuracy "
+                                   "dashed, a cross where the worst attack's runs diverged.",
                        epilog="examples:\n  robustbn plot curves --where gamma=0.0 --out results/fig4.png\n"
                               "  robustbn plot heterogeneity --where f=0 --out results/fig3a.png\n"
                               "  robustbn plot heatmap --where gamma=0.0 --out results/heatmap.png\n"
                               "  robustbn plot worst-case --out results/worst.png\n"
+                              "  robustbn plot robustness --x gamma --where 'norm=[fbn,naive]' --out results/gamma.png\n"
                               "  robustbn plot worst-case --matrix scenarios/worst_case_fmnist.toml --matrix "
                               "scenarios/searched_worst_fbn_dnc.toml --where gamma=0.0 --out results/worst.png")
-    p.add_argument("kind", choices=["curves", "heterogeneity", "heatmap", "worst-case"])  # plots.KINDS
+    p.add_argument("kind", choices=["curves", "heterogeneity", "heatmap", "worst-case", "robustness"])  # plots.KINDS
     p.add_argument("--out", required=True)
     p.add_argument("--db", default=DEFAULT_DB)
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help=WHERE_HELP)
     add_matrix_option(p)
-    p.add_argument("--x", default="gamma", help="x axis of the heterogeneity plot (default gamma; e.g. alpha)")
+    p.add_argument("--x", default="gamma", help="x axis of the heterogeneity plot (default gamma; e.g. alpha) and of "
+                                                "the robustness plot (gamma, f or alpha)")
     p.add_argument("--title", default=None)
     p.set_defaults(run=cmd_plot)
 
@@ -41,12 +46,14 @@ def register(sub) -> None:
 @fail_cleanly
 def cmd_plot(args) -> int:
     from ..matrix import FIELDS
-    from ..plots import plot
+    from ..plots import ROBUSTNESS_X, plot
     from ..store import Store
 
     check_image_path(args.out)
     if args.kind == "heterogeneity" and args.x not in FIELDS:
         raise UsageError(f"--x {args.x}: not a scenario field; allowed: {', '.join(sorted(FIELDS))}")
+    if args.kind == "robustness" and args.x not in ROBUSTNESS_X:
+        raise UsageError(f"--x {args.x}: a robustness curve runs along one of {', '.join(ROBUSTNESS_X)}")
     with Store(args.db, readonly=True) as store:
         rows = selected_rows(store, args.where, matrices=args.matrix)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
