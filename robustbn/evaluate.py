@@ -688,17 +688,22 @@ def attack_plan(root: Path, workdir: Path, attack: UserAttack, protocols: list[s
 
 def execute_attack(plan: Plan, store, jobs: int = 1, progress: bool = True, checkpoint_every: int | None = None,
                    log: Callable[[str], None] = print) -> list[str]:
-    """Run each row's file into `store`; returns the failures, one line each. Raises
-    Interrupted on SIGINT or SIGTERM, every running run checkpointed."""
+    """Run every row's file into `store`, in one pool of `jobs` workers (each run stored with
+    its row's file as source); returns the failures, one line each. Raises Interrupted on
+    SIGINT or SIGTERM, every running run checkpointed."""
     from .execute import run_matrix
+    from .store import scenario_hash
 
-    failures = []
+    scenarios, source = [], {}
     for s in plan.stages:
         log(f"{s.norm}: against {s.row['defense']} ({s.runs} runs, {s.todo} to do): {s.path}")
-        summary = run_matrix(expand(read(s.path), str(s.path)), store, source=str(s.path), jobs=jobs,
-                             progress=progress, checkpoint_every=checkpoint_every)
-        failures += [f"{s.path}: run {h} failed: {e}" for h, e in summary.failed]
-    return failures
+        for sc in expand(read(s.path), str(s.path)):
+            scenarios.append(sc)
+            source[scenario_hash(sc.to_dict())] = str(s.path)
+    summary = run_matrix(scenarios, store, source=lambda sc: source[scenario_hash(sc.to_dict())], jobs=jobs,
+                         progress=progress, checkpoint_every=checkpoint_every)
+    files = {h: source[h] for h, _ in summary.failed}
+    return [f"{files[h]}: run {h} failed: {e}" for h, e in summary.failed]
 
 
 def attack_verdicts(plan: Plan, mine: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -386,7 +386,7 @@ class _Heartbeat:
         self.thread.join()
 
 
-def run_matrix(scenarios: list[Scenario], store: Store, source: str = "", jobs: int = 1,
+def run_matrix(scenarios: list[Scenario], store: Store, source: str | Callable[[Scenario], str] = "", jobs: int = 1,
                device: str | None = None, progress: bool = True, executor: str = "local",
                shard: tuple[int, int] | None = None, ray_options: RayOptions | None = None,
                checkpoint_every: int | None = None, keep_checkpoints: bool = False) -> Summary:
@@ -395,7 +395,9 @@ def run_matrix(scenarios: list[Scenario], store: Store, source: str = "", jobs: 
     processes; "ray": one Ray task per scenario. Runs checkpoint every `checkpoint_every`
     rounds (None: every few minutes; 0: never) and resume from their checkpoints. On SIGINT or
     SIGTERM every run stops at its next round end, checkpointed, and Interrupted is raised
-    once the outcomes are in."""
+    once the outcomes are in. `source`: the file the runs come from, or a function giving a
+    scenario's (runs of several files in one pool of workers)."""
+    source_of = source if callable(source) else (lambda sc: source)
     todo, skipped, total = pending(scenarios, store, device, shard)
     summary = Summary(total=total, skipped=skipped)
     clear_stop()
@@ -404,7 +406,7 @@ def run_matrix(scenarios: list[Scenario], store: Store, source: str = "", jobs: 
     owner = new_owner()
     # absolute: Ray's workers run elsewhere
     checkpointing = Checkpointing(str(store.path.resolve()), checkpoint_every, keep_checkpoints, owner)
-    claim = lambda run_hash, sc: store.claim(run_hash, sc.to_dict(), source, owner)
+    claim = lambda run_hash, sc: store.claim(run_hash, sc.to_dict(), source_of(sc), owner)
 
     deaths = Counter()
 
@@ -426,7 +428,7 @@ def run_matrix(scenarios: list[Scenario], store: Store, source: str = "", jobs: 
                                                 disable=not progress) as bar:
             for run_hash, sc, out in outcomes:
                 if "ok" in out:
-                    store.finish(run_hash, sc.to_dict(), source=source, **out["ok"])
+                    store.finish(run_hash, sc.to_dict(), source=source_of(sc), **out["ok"])
                     checkpointing.done_with(run_hash)
                     summary.done += 1
                     summary.resumed += out["ok"]["resumed_from"] is not None
