@@ -39,12 +39,14 @@ from .worst import (  # noqa: E402
     DEFENSE_FIELDS,
     RESULT,
     SEARCHED,
+    ONLY,
     TIED,
+    defense_map,
     setting_groups,
     worst_case,
 )
 
-KINDS = ("curves", "heterogeneity", "heatmap", "worst-case", "robustness")
+KINDS = ("curves", "heterogeneity", "heatmap", "worst-case", "robustness", "map")
 ROBUSTNESS_X = ("gamma", "f", "alpha")  # the axes of a robustness curve
 LINE_COLORS = (*plt.get_cmap("tab10").colors, *plt.get_cmap("Dark2").colors)  # a color per defense, 18 apart
 # the pipeline of the attacked channels: "mean" (undefended) solid, each other a dash pattern
@@ -362,19 +364,64 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
     return fig
 
 
-def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: str = "gamma"):
+def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title: str | None = None):
+    """Which defense to use where (robustbn.worst.defense_map): a panel per norm protocol and
+    threat model, a cell per (y, x), colored by the highest worst case there and naming the best
+    defense, or those tied for best, with their worst cases (%)."""
+    if x not in ROBUSTNESS_X or y not in ROBUSTNESS_X or x == y:
+        raise ValueError(f"--x {x} --y {y}: the map's axes are two different fields of {', '.join(ROBUSTNESS_X)}")
+    cells = defense_map(rows, x, y)
+    if not cells:
+        raise ValueError(f"no attacked run has both {x} and {y}: nothing to map")
+    norms = list(dict.fromkeys(c["norm"] for c in cells))
+    models = [False, True]  # root-free, then trusted server data: a column each, a protocol a row
+    xs = sorted({hashable(c[x]) for c in cells}, key=sort_key)
+    ys = sorted({hashable(c[y]) for c in cells}, key=sort_key)
+    fig, axes = plt.subplots(len(norms), 2, figsize=(2 * (2.1 * len(xs) + 1.4) + 1.2, len(norms) * (1.1 * len(ys) + 0.9) + 1),
+                             squeeze=False, layout="constrained")
+    im = None
+    for ax, (norm, trusted) in zip(axes.flat, [(n, m) for n in norms for m in models]):
+        here = [c for c in cells if c["norm"] == norm and (c["threat"] is not None) == trusted]
+        data = here[0]["threat"] if here else ("trusted server data" if trusted else None)
+        grid = np.full((len(ys), len(xs)), np.nan)
+        for c in here:
+            i, j = ys.index(hashable(c[y])), xs.index(hashable(c[x]))
+            grid[i, j] = top = max(p["worst_acc"] for p in c["picks"])
+            shown = c["picks"][:3]
+            words = [f"{p['defense'][:26]} {100 * p['worst_acc']:.0f}" for p in shown]
+            words += [f"+{len(c['picks']) - 3} more"] * (len(c["picks"]) > 3)
+            head = {BEST: "use", TIED: f"{len(c['picks'])} tied", ONLY: "the only defense run"}.get(c["verdict"], c["verdict"])
+            ax.text(j, i, "\n".join([head, *words]), ha="center", va="center", fontsize=7,
+                    color="white" if top < 0.6 else "black")
+        ax.set_facecolor("0.93")  # not run
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        ax.set_xticks(range(len(xs)), [text(v) for v in xs])
+        ax.set_yticks(range(len(ys)), [text(v) for v in ys])
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ax.set_title(f"{norm_words(norm)}, {'trusted server data' if trusted else 'root-free'}"
+                     + ("" if here else ": no defense run"), fontsize=9)
+    fig.colorbar(im, ax=list(axes.flat), label="the best worst-case accuracy")
+    caption = ("per cell: the best defense (use), or every one tied for best, paired over seeds; worst-case "
+               "accuracy (%) over the attacks run")
+    fig.suptitle(f"{title}\n{caption}" if title else caption, fontsize=9)
+    return fig
+
+
+def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: str = "gamma", y: str = "f"):
     """The figure of `kind` for the finished runs among `rows` (not saved; see `plot`)."""
     if kind not in KINDS:
         raise ValueError(f"unknown plot kind {kind!r}; allowed: {', '.join(KINDS)}")
     # worst-case counts diverged runs (and finished runs without a history) at chance (robustbn.worst),
     # as its table does; the other plots draw accuracies, which a diverged run has not
-    judged = kind in ("worst-case", "robustness")
+    judged = kind in ("worst-case", "robustness", "map")
     finished = ("done", "diverged") if judged else ("done",)
     rows = [r for r in rows if r["status"] in finished and (r["history"] or judged)]
     if not rows:
         raise ValueError("no finished runs match: nothing to plot (see `robustbn results`)")
-    if kind in ("worst-case", "robustness"):  # the title above the caption that says what is drawn
-        fig = worst_case_figure(rows, title) if kind == "worst-case" else robustness_figure(rows, x, title)
+    if kind in ("worst-case", "robustness", "map"):  # the title above the caption that says what is drawn
+        fig = worst_case_figure(rows, title) if kind == "worst-case" else robustness_figure(rows, x, title) \
+            if kind == "robustness" else map_figure(rows, x, y, title)
         title = None
     elif kind == "heatmap":
         fig = heatmap_figure(rows)
@@ -392,8 +439,9 @@ def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: s
     return fig
 
 
-def plot(rows: list[dict[str, Any]], kind: str, out: str, title: str | None = None, x: str = "gamma") -> None:
-    fig = figure(rows, kind, title, x)
+def plot(rows: list[dict[str, Any]], kind: str, out: str, title: str | None = None, x: str = "gamma",
+         y: str = "f") -> None:
+    fig = figure(rows, kind, title, x, y)
     fig.savefig(out, dpi=120)
     plt.close(fig)
 

@@ -83,7 +83,7 @@ from .labels import (
     sort_key,
     varying,
 )
-from .stats import ACCURACY, Estimate, accuracy, by_seed, distinct, interval, paired, scenario_fields
+from .stats import ACCURACY, Estimate, accuracy, by_seed, distinct, interval, paired, scenario_fields, too_few
 
 # the attack fields of every channel (attack and its parameters), and the BN shorthands
 ATTACK_PARTS = tuple(p for p in PARTS if p.startswith("attack"))
@@ -286,3 +286,38 @@ def shown_columns(table: list[dict[str, Any]]) -> list[str]:
     return columns + trusted + ["worst_acc", "ci_low", "ci_high", "seeds", "verdict", "gap", "gap_low", "gap_high",
                       "worst_attack", *sourced, "attacks", "diverged", "no_attack_acc"]
 
+
+
+ONLY = "the only defense run"
+
+
+def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f") -> list[dict[str, Any]]:
+    """Which defense to use where, ByzFL style: per norm protocol, threat model and (y, x) cell
+    (every other setting field as it is), the defenses the paired rule of `worst_case` picks:
+    the best, or every one tied for best, or ONLY where one defense ran there. A cell of f = 0
+    has no attacker and is left out. Each cell: norm, threat (the server data, None for
+    root-free), x, y, verdict (BEST, TIED, ONLY, or "n seeds, no verdict" where fewer than
+    MIN_PAIRS seeds pair, the highest worst case its pick, as on the leaderboard), picks
+    (the defenses: defense, worst_acc, ci_low, ci_high, seeds, worst_attack) and defenses (how
+    many ran there)."""
+    table = [t for t in worst_case(rows) if t.get("f") and t.get(x) is not None and t.get(y) is not None]
+    others = [k for k in dict.fromkeys(k for t in table for k in t)
+              if k not in set(RESULT) | DEFENSE_FIELDS | {"defense", "server_data", "norm", x, y}]
+    cells: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for t in table:
+        if t["worst_acc"] is not None:
+            cells[(t["norm"], t.get("server_data"), hashable(t[x]), hashable(t[y]),
+                   *(hashable(t.get(k)) for k in others))].append(t)
+    out = []
+    for (norm, data, xv, yv, *_), ts in cells.items():
+        best = [t for t in ts if t["verdict"] == BEST]
+        tied = [t for t in ts if t["verdict"] == TIED]
+        few = too_few(min((t["gap_pairs"] for t in ts if t["gap_pairs"] is not None), default=None))
+        picks, verdict = ([max(ts, key=lambda t: t["worst_acc"])], few) if few else (best, BEST) if best else \
+            (tied, TIED) if tied else (ts, ONLY)
+        picks = sorted(picks, key=lambda t: -t["worst_acc"])
+        out.append({"norm": norm, "threat": data, x: ts[0][x], y: ts[0][y], "verdict": verdict, "defenses": len(ts),
+                    "picks": [{k: t[k] for k in ("defense", "worst_acc", "ci_low", "ci_high", "seeds", "worst_attack")}
+                              for t in picks]})
+    out.sort(key=lambda c: (norm_order(c["norm"]), c["threat"] is not None, sort_key(c[y]), sort_key(c[x])))
+    return out

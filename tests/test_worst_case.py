@@ -5,6 +5,7 @@ import csv
 import io
 import json
 import math
+import statistics
 
 import pytest
 from scipy.stats import sem, ttest_rel
@@ -468,3 +469,41 @@ def test_robustness_curves_draw_the_worst_case_along_x_with_clean_dashed_and_div
     assert main(["plot", "robustness", "--x", "seed", "--db", str(tmp_path / "r.sqlite"), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--x seed" in err and "gamma, f, alpha" in err
+
+
+def test_the_map_names_the_best_or_the_tied_set_per_cell_by_the_paired_rule(tmp_path, capsys):
+    from robustbn.worst import BEST, ONLY, TIED, defense_map
+
+    noise = [0.00, 0.03, -0.02, 0.01, -0.01]
+    accs = {  # (f, gamma): (mean's, nnm+median's) accuracy at seed s
+        (3, 0.0): lambda s: (0.10 + noise[s], 0.50 + noise[(s + 2) % 5]),        # nnm+median best
+        (3, 1.0): lambda s: (0.60 + noise[s], 0.60 + noise[(s + 1) % 5]),        # tied
+        (1, 0.0): lambda s: (0.70 + noise[s], 0.55 + noise[(s + 3) % 5]),        # the mean best
+        (1, 1.0): lambda s: (0.80, 0.70),                                         # two seeds: no verdict
+    }
+    store = Store(tmp_path / "m.sqlite")
+    for (f, gamma), acc in accs.items():
+        for seed in range(5 if (f, gamma) != (1, 1.0) else 2):
+            for defense, a in zip(DEFENSES, acc(seed)):
+                add(store, a, norm="fbn", f=f, gamma=gamma, seed=seed, **DEFENSES[defense], **ATTACKS["sf-mean"])
+    add(store, 0.3, norm="naive", f=3, gamma=0.0, seed=0, **ATTACKS["sf-mean"])  # alone in its cell
+    rows = store.rows()
+    store.close()
+    cells = {(c["norm"], c["f"], c["gamma"]): c for c in defense_map(rows, "gamma", "f")}
+    picks = lambda key: [p["defense"] for p in cells[key]["picks"]]
+    assert cells[("fbn", 3, 0.0)]["verdict"] == BEST and picks(("fbn", 3, 0.0)) == [ROBUST_DEFENSE]
+    assert cells[("fbn", 3, 1.0)]["verdict"] == TIED and set(picks(("fbn", 3, 1.0))) == {MEAN_DEFENSE, ROBUST_DEFENSE}
+    assert cells[("fbn", 1, 0.0)]["verdict"] == BEST and picks(("fbn", 1, 0.0)) == [MEAN_DEFENSE]
+    assert cells[("fbn", 1, 1.0)]["verdict"] == "2 seeds, no verdict" and picks(("fbn", 1, 1.0)) == [MEAN_DEFENSE]
+    assert cells[("naive", 3, 0.0)]["verdict"] == ONLY and cells[("naive", 3, 0.0)]["defenses"] == 1
+    assert cells[("fbn", 3, 0.0)]["picks"][0]["worst_acc"] == pytest.approx(0.50 + statistics.fmean(noise))
+
+    fig = figure(rows, "map", x="gamma", y="f")
+    fbn = next(a for a in fig.axes if a.get_title() == "FBN, root-free")
+    texts = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in fbn.texts}
+    assert texts[(1, 0)].startswith("use\n" + ROBUST_DEFENSE[:26])  # f = 3 (row 1), gamma 0 (column 0)
+    assert texts[(1, 1)].startswith("2 tied\n") and texts[(0, 1)].startswith("2 seeds, no verdict\n")
+    capsys.readouterr()
+    assert main(["plot", "map", "--x", "f", "--y", "f", "--db", str(tmp_path / "m.sqlite"),
+                 "--out", str(tmp_path / "m.png")]) == 2
+    assert "two different fields" in capsys.readouterr().err

@@ -24,21 +24,25 @@ def register(sub) -> None:
                                    "confirmation file (--matrix); see `robustbn results --worst-case`. robustness: "
                                    "one panel per norm mode, a line per defense along --x (gamma, f or alpha): its "
                                    "worst case over the attacks run with its 95% band over seeds, its clean accuracy "
-                                   "dashed, a cross where the worst attack's runs diverged.",
+                                   "dashed, a cross where the worst attack's runs diverged. map: which defense to "
+                                   "use where, one panel per norm mode and threat model, a cell per (--y, --x): the "
+                                   "best defense, or every one tied for best (paired over seeds).",
                        epilog="examples:\n  robustbn plot curves --where gamma=0.0 --out results/fig4.png\n"
                               "  robustbn plot heterogeneity --where f=0 --out results/fig3a.png\n"
                               "  robustbn plot heatmap --where gamma=0.0 --out results/heatmap.png\n"
                               "  robustbn plot worst-case --out results/worst.png\n"
                               "  robustbn plot robustness --x gamma --where 'norm=[fbn,naive]' --out results/gamma.png\n"
+                              "  robustbn plot map --x gamma --y f --out results/map.png\n"
                               "  robustbn plot worst-case --matrix scenarios/worst_case_fmnist.toml --matrix "
                               "scenarios/searched_worst_fbn_dnc.toml --where gamma=0.0 --out results/worst.png")
-    p.add_argument("kind", choices=["curves", "heterogeneity", "heatmap", "worst-case", "robustness"])  # plots.KINDS
+    p.add_argument("kind", choices=["curves", "heterogeneity", "heatmap", "worst-case", "robustness", "map"])  # KINDS
     p.add_argument("--out", required=True)
     p.add_argument("--db", default=DEFAULT_DB)
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help=WHERE_HELP)
     add_matrix_option(p)
     p.add_argument("--x", default="gamma", help="x axis of the heterogeneity plot (default gamma; e.g. alpha) and of "
                                                 "the robustness plot (gamma, f or alpha)")
+    p.add_argument("--y", default="f", help="y axis of the map (gamma, f or alpha; default f)")
     p.add_argument("--title", default=None)
     p.set_defaults(run=cmd_plot)
 
@@ -54,11 +58,14 @@ def cmd_plot(args) -> int:
         raise UsageError(f"--x {args.x}: not a scenario field; allowed: {', '.join(sorted(FIELDS))}")
     if args.kind == "robustness" and args.x not in ROBUSTNESS_X:
         raise UsageError(f"--x {args.x}: a robustness curve runs along one of {', '.join(ROBUSTNESS_X)}")
+    if args.kind == "map" and (args.x not in ROBUSTNESS_X or args.y not in ROBUSTNESS_X or args.x == args.y):
+        raise UsageError(f"--x {args.x} --y {args.y}: the map's axes are two different fields of "
+                         f"{', '.join(ROBUSTNESS_X)}")
     with Store(args.db, readonly=True) as store:
         rows = selected_rows(store, args.where, matrices=args.matrix)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     try:
-        plot(rows, args.kind, args.out, args.title, args.x)
+        plot(rows, args.kind, args.out, args.title, args.x, args.y)
     except ValueError as e:
         raise UsageError(str(e)) from None
     print(args.out)
