@@ -28,7 +28,7 @@ from .demo import DEMO_TOML
 __all__ = ["COMMANDS", "DEMO_TOML", "build_parser", "main"]
 
 # module names under robustbn/cli/ (`import_`: `import` is a keyword), in the order of --help
-COMMANDS = ("run", "flower", "attack_search", "evaluate", "merge", "import_", "list", "results", "plot", "report", "check_aggregator",
+COMMANDS = ("run", "flower", "attack_search", "evaluate", "tune", "merge", "import_", "list", "results", "plot", "report", "check_aggregator",
             "toy", "demo")
 
 

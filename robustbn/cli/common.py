@@ -117,3 +117,17 @@ def report_added(db: str, store, counts: list[tuple[str, dict]]) -> None:
               + (f" ({c['differing']} done in both with different histories: kept this store's)"
                  if c["differing"] else ""))
     print(f"{len(store)} runs in {db}")
+
+
+def key_values(texts: list[str], flag: str, example: str) -> dict:
+    """`KEY=VALUE` options (TOML values, robustbn.matrix.parse_override) as a dict; a key given
+    twice is a usage error."""
+    from ..matrix import parse_override
+
+    out = {}
+    for text in texts:
+        key, value = parse_override(text, flag, example)
+        if key in out:
+            raise UsageError(f"{flag} {key}: given twice")
+        out[key] = value
+    return out

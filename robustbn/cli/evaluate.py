@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .common import RAW, UsageError, fail_cleanly, text_table
+from .common import RAW, UsageError, fail_cleanly, key_values, text_table
 
 DEFAULT_DB = "results/evaluate.sqlite"
 CHANNEL_CHOICES = ("grad", "bn_mean", "bn_var")
@@ -168,7 +168,7 @@ def _evaluate_attack(args, overrides) -> int:
     for flag, given in (("--bn", args.bn), ("--trials", args.trials), ("--set", args.set)):
         if given:
             raise UsageError(f"{flag} is for a defense; --attack runs at the board's setting against its rows")
-    attack = UserAttack(args.attack, _attack_params(args), tuple(dict.fromkeys(args.channel or ["grad"])))
+    attack = UserAttack(args.attack, key_values(args.attack_param, "--attack-param", "z=1.5"), tuple(dict.fromkeys(args.channel or ["grad"])))
     _check_attack(attack)
     root = Path(args.root)
     workdir = Path(args.db).parent / "evaluate" / attack.slug
@@ -221,18 +221,6 @@ def _evaluate_attack(args, overrides) -> int:
 
 def _signed_ci(v) -> str:
     return "(no interval)" if v["low"] is None else f"[{100 * v['low']:+.1f}, {100 * v['high']:+.1f}]"
-
-
-def _attack_params(args) -> dict:
-    from ..matrix import parse_override
-
-    params = {}
-    for text in args.attack_param:
-        key, value = parse_override(text, "--attack-param", "z=1.5")
-        if key in params:
-            raise UsageError(f"--attack-param {key}: given twice")
-        params[key] = value
-    return params
 
 
 def _check_attack(attack) -> None:

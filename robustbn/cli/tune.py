@@ -1,0 +1,144 @@
+"""`robustbn tune MATRIX --grid lr=[...]`: each defense's hyperparameters chosen by ByzFL's rule
+(robustbn.tune) on tuning seeds, and a file per defense at its chosen point."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+from .common import DEFAULT_DB, RAW, UsageError, fail_cleanly, key_values, text_table
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tune", help="tune each defense before it is attacked (ByzFL's rule)", formatter_class=RAW,
+                       description="MATRIX is a scenario matrix of defenses and attacks at one setting (the board's "
+                                   "catalogue, a user's own). Each --grid field's values (their cross product with "
+                                   "several) run the whole matrix on tuning seeds (--seeds, default 10 and 11, which "
+                                   "no report uses), written to DIR/tune_<matrix>.toml (DIR: --out, default "
+                                   "tune/<matrix> beside the store). A defense's score at a grid point is its worst "
+                                   "case over the matrix's attacks (lowest mean over seeds; diverged: chance); its "
+                                   "chosen point is the highest score (ties: the first in grid order), the max over "
+                                   "the grid of the min over attacks. Then, per defense, DIR/tuned_<norm>_<defense>.toml: "
+                                   "the matrix at its chosen point on --report-seeds (default 0-4), for robustbn run. "
+                                   "Every run is in --db: the same command resumes.",
+                       epilog="examples:\n  robustbn tune scenarios/worst_case_fmnist.toml --grid 'lr=[0.01,0.05,0.1]' "
+                              "--set norm=fbn --jobs 2\n"
+                              "  robustbn tune my_matrix.toml --grid 'lr=[0.02,0.1]' --grid 'momentum=[0.0,0.9]' "
+                              "--format json\n"
+                              "  robustbn run results/tune/my_matrix/tuned_*.toml --jobs 2")
+    p.add_argument("matrix")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=[V1,V2,...]",
+                   help="a field and the values to try (repeatable: their cross product)")
+    p.add_argument("--seeds", default=None, help="tuning seeds, comma-separated (default 10,11)")
+    p.add_argument("--report-seeds", default=None, help="the seeds of the tuned files (default 0,1,2,3,4)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="change a field of MATRIX first")
+    p.add_argument("--db", default=DEFAULT_DB, help=f"results store (default {DEFAULT_DB})")
+    p.add_argument("--out", default=None, metavar="DIR", help="where the tuning and tuned files go")
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--plan", action="store_true", help="write the tuning file and count its runs, run nothing")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=cmd_tune)
+
+
+def _seeds(text: str, flag: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: comma-separated integers, e.g. {flag} 10,11") from None
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) < len(seeds):
+        raise UsageError(f"{flag} {text!r}: distinct integers >= 0, e.g. {flag} 10,11")
+    return seeds
+
+
+@fail_cleanly
+def cmd_tune(args) -> int:
+    import json
+
+    from ..checkpoint import Interrupted, checkpoint_dir
+    from ..evaluate import toml_text
+    from ..execute import pending, run_matrix
+    from ..matrix import expand, parse_override, read, runs_of
+    from ..store import FINISHED, Store, strict_json
+    from ..tune import REPORT_SEEDS, TUNING_SEEDS, check_matrix, choose, grid_points, slug, tuned_values
+
+    if not 1 <= args.jobs <= 512:
+        raise UsageError(f"--jobs must be between 1 and 512, got {args.jobs}")
+    if not args.grid:
+        raise UsageError("give --grid KEY=[V1,V2,...], e.g. --grid 'lr=[0.01,0.05,0.1]'")
+    seeds = _seeds(args.seeds, "--seeds") if args.seeds is not None else TUNING_SEEDS
+    report_seeds = _seeds(args.report_seeds, "--report-seeds") if args.report_seeds is not None else REPORT_SEEDS
+    if set(seeds) & set(report_seeds):
+        raise UsageError(f"--seeds {','.join(map(str, seeds))}: tuning seeds must not be reported; --report-seeds "
+                         f"is {','.join(map(str, report_seeds))}")
+    values = check_matrix(args.matrix)
+    for text in args.set:
+        key, value = parse_override(text)
+        values[key] = value
+    grid = key_values(args.grid, "--grid", "lr=[0.01,0.05,0.1]")
+    points = grid_points(grid)
+    clash = [k for k in grid if isinstance(values.get(k), list)]
+    if clash:
+        raise UsageError(f"--grid {clash[0]}: {args.matrix} already varies it ({values[clash[0]]!r}); tune a field "
+                         f"it holds one value of (or --set {clash[0]}=... first)")
+    out = Path(args.out) if args.out else Path(args.db).parent / "tune" / Path(args.matrix).stem
+    out.mkdir(parents=True, exist_ok=True)
+    tuning = out / f"tune_{Path(args.matrix).stem}.toml"
+    tuning_values = {**values, **grid, "seed": seeds}
+    tuning_values["description"] = (f"robustbn tune: {args.matrix} at every point of the grid "
+                                    f"({', '.join(f'{k} = {v}' for k, v in grid.items())}) on the tuning seeds "
+                                    f"{', '.join(map(str, seeds))}")
+    text = toml_text(tuning_values)
+    if not tuning.is_file() or tuning.read_text(encoding="utf-8") != text:
+        tuning.write_text(text, encoding="utf-8")
+    scenarios = expand(read(tuning), str(tuning))
+    store = Store(args.db)
+    try:
+        todo, _, total = pending(scenarios, store, None, None)
+        print(f"tune: {len(points)} grid points x {total // len(points)} runs on seeds "
+              f"{', '.join(map(str, seeds))}: {total} runs, {len(todo)} to do ({tuning})", file=sys.stderr)
+        if args.plan:
+            return 0
+        try:
+            summary = run_matrix(scenarios, store, source=str(tuning), jobs=args.jobs, progress=not args.quiet)
+        except Interrupted as e:
+            print(f"robustbn tune: stopped by {signal.Signals(e.signum).name}; the running runs are checkpointed in "
+                  f"{checkpoint_dir(args.db)}; the same command resumes", file=sys.stderr)
+            return 128 + e.signum
+        rows = runs_of(tuning, store.rows(status=FINISHED))
+    finally:
+        store.close()
+    choices = choose(rows, grid)
+    written = []
+    for c in choices:
+        if c["complete"]:
+            path = out / f"tuned_{slug(c)}.toml"
+            path.write_text(toml_text(tuned_values(values, c, report_seeds)), encoding="utf-8")
+            written.append(str(path))
+            c["file"] = str(path)
+        else:
+            c["file"] = None
+    for h, e in summary.failed:
+        print(f"  failed {h}: {e}", file=sys.stderr)
+    if args.format == "json":
+        print(json.dumps(strict_json({"grid": grid, "seeds": seeds, "rule": "max over the grid of the worst case over "
+                                      "the attacks (ties: the first point)", "defenses": [
+                                          {k: v for k, v in c.items() if k != "setting"} for c in choices]}),
+                         indent=1, allow_nan=False))
+    else:
+        words = lambda p: ", ".join(f"{k}={v}" for k, v in p.items())
+        table = []
+        for c in choices:
+            row = {"norm": c["norm"], "defense": c["defense"]}
+            for s in c["scores"]:
+                row[words(s["point"])] = "-" if s["worst_acc"] is None else \
+                    f"{100 * s['worst_acc']:.1f} ({s['seeds']} seed{'s' * (s['seeds'] != 1)})"
+            row["chosen"] = words(c["chosen"]) if c["complete"] else "incomplete"
+            table.append(row)
+        print(text_table(table, ["norm", "defense", *(words(p) for p in points), "chosen"]))
+        print(f"\nworst case over the attacks (%), mean over the tuning seeds {', '.join(map(str, seeds))}; "
+              f"chosen: the max over the grid")
+        if written:
+            print(f"tuned files ({len(written)}): {out}/tuned_*.toml; run them with robustbn run")
+    return 1 if summary.failed else 0

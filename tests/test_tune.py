@@ -1,0 +1,81 @@
+"""`robustbn tune`: ByzFL's rule (the max over a grid of the worst case over attacks) on tuning
+seeds, recomputed from the store; the tuned files; bad input in one line."""
+
+import json
+import statistics
+import tomllib
+
+import pytest
+
+from robustbn.cli import main
+from robustbn.evaluate import toml_text
+from robustbn.matrix import expand, read
+
+from matrices import one_line_error
+
+# gamma 1 and 8 rounds: at lr 0.1 the model learns, at lr 1e-4 it cannot move off chance
+MATRIX = {"dataset": "synthetic-images", "model": "simple-cnn", "partition": "gamma", "gamma": 1.0, "n": 7, "f": 2,
+          "rounds": 8, "batch_size": 8, "eval_every": 4, "norm": "fbn", "grad_agg": ["mean", "median"],
+          "bn_agg": "median", "grad_attack": ["inf", "nan"], "bn_mean_attack": "honest", "bn_var_attack": "honest",
+          "seed": 0}
+
+
+@pytest.fixture
+def matrix(tmp_path):
+    path = tmp_path / "m.toml"
+    path.write_text(toml_text(MATRIX))
+    return path
+
+
+def test_tune_takes_the_max_over_the_grid_of_the_worst_case_over_attacks(matrix, tmp_path, capsys):
+    db = tmp_path / "t.sqlite"
+    argv = ["tune", str(matrix), "--grid", "lr=[0.0001,0.1]", "--db", str(db), "--jobs", "2", "--quiet",
+            "--format", "json"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    got = json.loads(out.out)
+    assert "2 grid points x 8 runs on seeds 10, 11: 16 runs, 16 to do" in out.err
+    assert len(got["defenses"]) == 2
+    # recomputed from the store: per defense and lr, the lowest mean over the seeds of an attack's final accuracy
+    import sqlite3
+    with sqlite3.connect(db) as con:
+        runs = [(json.loads(s), json.loads(h)[-1]["test_acc"]) for s, h in
+                con.execute("SELECT scenario, history FROM runs WHERE status = 'done'")]
+    assert {sc["seed"] for sc, _ in runs} == {10, 11}
+    for d in got["defenses"]:
+        agg = "mean" if d["defense"].startswith("mean") else "median"
+        worst = {}
+        for lr in (0.0001, 0.1):
+            by_attack = {}
+            for sc, acc in runs:
+                if sc["grad_agg"] == agg and sc["lr"] == lr:
+                    by_attack.setdefault(sc["grad_attack"], []).append(acc)
+            worst[lr] = min(statistics.fmean(v) for v in by_attack.values())
+        assert [s["worst_acc"] for s in d["scores"]] == pytest.approx([worst[0.0001], worst[0.1]], abs=1e-9)
+        chosen = max(worst, key=worst.get)
+        assert d["chosen"] == {"lr": chosen} and d["chosen_acc"] == pytest.approx(worst[chosen], abs=1e-9)
+        # its tuned file: this defense alone, at its chosen lr, on the reporting seeds 0-4, every attack
+        values = read(d["file"])
+        assert values["lr"] == chosen and values["seed"] == [0, 1, 2, 3, 4] and values["grad_agg"] == agg
+        assert len(expand(values, d["file"])) == 2 * 5
+    # the median learns at lr 0.1 under these attacks (the server drops non-finite messages); at 1e-4 nothing does
+    median = next(d for d in got["defenses"] if d["defense"].startswith("median"))
+    assert median["chosen"] == {"lr": 0.1}
+
+    # the same command again: nothing runs, the same answer
+    assert main(argv) == 0
+    again = capsys.readouterr()
+    assert "16 runs, 0 to do" in again.err and json.loads(again.out) == got
+
+
+@pytest.mark.parametrize("args, words", [
+    ([], ["give --grid"]),
+    (["--grid", "seed=[1,2]"], ["--grid seed", "not a field to tune"]),
+    (["--grid", "lr=0.1"], ["--grid lr", "at least 2 values"]),
+    (["--grid", "grad_agg=[mean,median]"], ["--grid grad_agg", "already varies it"]),
+    (["--grid", "lr=[0.1,0.2]", "--seeds", "0,1"], ["--seeds 0,1", "must not be reported"]),
+    (["--grid", "lr=[0.1,0.2]", "--seeds", "a"], ["--seeds 'a'", "comma-separated integers"]),
+])
+def test_bad_tune_input_gets_one_line(matrix, tmp_path, capsys, args, words):
+    code = main(["tune", str(matrix), "--db", str(tmp_path / "t.sqlite"), *args])
+    one_line_error(capsys, code, *words)
