@@ -578,7 +578,8 @@ class Federation:
 
     # ---- evaluation ------------------------------------------------------------------------
 
-    def evaluate(self, batch: int = 2000, forward_batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def evaluate(self, batch: int = 2000, forward_batch: int | None = None, subset: int | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """(test accuracy, test loss) of the global model in evaluation mode (BN layers in their
         eval phase, dropout off), as device tensors; a personalized protocol (FedBN): the mean
         over clients of each client's model on its own test split; under feature shift, on the
@@ -586,14 +587,17 @@ class Federation:
         forward runs `forward_batch` at a time (default: 250 on a CPU, where the activations of
         2000 images overflow the caches and cost 2.4x; the whole batch elsewhere). Each example's
         logits do not depend on the others; the chunks change them by float rounding at most
-        (not at all for the models tested: tests/test_engine.py)."""
+        (not at all for the models tested: tests/test_engine.py). `subset`: the first `subset`
+        examples of a permutation of the test set drawn once from seed 0, the same for every run
+        (a global evaluation only)."""
         self.set_phase("eval")
         self.model.eval()  # dropout: the model trains with it and is evaluated without
         try:
             with torch.no_grad():
                 if self.protocol.personalized:
                     return self._evaluate_personalized()
-                return self._evaluate_global(batch, forward_batch or (100 if self.device.type == "cpu" else batch))
+                return self._evaluate_global(batch, forward_batch or (100 if self.device.type == "cpu" else batch),
+                                             subset)
         finally:
             self.model.train()
 
@@ -606,16 +610,20 @@ class Federation:
                                       self._buffers(honest(self.local_mean), honest(self.local_var)), *self.client_test)
         return acc.mean(), loss.mean()
 
-    def _evaluate_global(self, batch: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _evaluate_global(self, batch: int, chunk: int, subset: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         params = {**self.theta, **{k: v[0] for k, v in self.local.items()}, **self._buffers(self.shared_mean, self.shared_var)}
         correct = torch.zeros((), device=self.device)
         total_loss = torch.zeros((), device=self.device)
-        for start in range(0, len(self.eval_y), batch):
-            x, y = self.eval_x[start : start + batch], self.eval_y[start : start + batch]
+        eval_x, eval_y = self.eval_x, self.eval_y
+        if subset is not None and subset < len(eval_y):
+            pick = torch.randperm(len(eval_y), generator=torch.Generator().manual_seed(0))[:subset].to(self.device)
+            eval_x, eval_y = eval_x[pick], eval_y[pick]
+        for start in range(0, len(eval_y), batch):
+            x, y = eval_x[start : start + batch], eval_y[start : start + batch]
             out = torch.cat([functional_call(self.model, params, (x[i : i + chunk],)) for i in range(0, len(x), chunk)])
             correct += (out.argmax(1) == y).sum()
             total_loss += F.cross_entropy(out, y, reduction="sum")
-        return correct / len(self.eval_y), total_loss / len(self.eval_y)
+        return correct / len(eval_y), total_loss / len(eval_y)
 
     def pop_train_loss(self) -> torch.Tensor:
         loss = self.train_loss_sum / max(1, self.train_loss_rounds)

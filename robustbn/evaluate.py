@@ -725,7 +725,8 @@ def attack_verdicts(plan: Plan, mine: list[dict[str, Any]]) -> list[dict[str, An
         verdict = too_few(d.n) or (HIGHER if distinct(d) and d.low > 0 else NEW_WORST if distinct(d) else TIED_WORST)
         out.append({"norm": row["norm"], "defense": row["defense"], "threat": threat(row),
                     "server_data": row["server_data"], "board_verdict": row["verdict"], "worst_acc": row["worst_acc"],
-                    "worst_low": row["ci_low"], "worst_high": row["ci_high"], "worst_attack": row["worst_attack"],
+                    "worst_low": row["ci_low"], "worst_high": row["ci_high"], "worst_seeds": row["seeds"],
+                    "worst_attack": row["worst_attack"],
                     "attack_acc": est.mean if yours else None, "attack_low": est.low, "attack_high": est.high,
                     "seeds": len(yours), "diff": d.mean if d.n else None, "low": d.low, "high": d.high, "pairs": d.n,
                     "verdict": verdict, "file": str(s.path)})

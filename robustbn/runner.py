@@ -92,8 +92,10 @@ def run(scenario: Scenario | dict[str, Any], data: Dataset | None = None, progre
     for t in range(fed.t + 1, sc.rounds + 1):
         fed.step()
         if t % sc.eval_every == 0 or t == sc.rounds:
-            acc, loss = fed.evaluate()
+            subset = sc.eval_subset if t < sc.rounds else None  # the final evaluation: the whole test set
+            acc, loss = fed.evaluate(subset=subset)
             evaluations.append({"round": t, "test_acc": acc, "test_loss": loss, "train_loss": fed.pop_train_loss(),
+                                **({"test_examples": min(subset, len(fed.eval_y))} if subset else {}),
                                 **filter_rates(fed, sc.f)})
             if on_evaluation is not None:  # a host sync, for the hook's caller only
                 on_evaluation(history())

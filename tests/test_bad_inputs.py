@@ -174,7 +174,7 @@ KINDS = {
     "local_steps": "int", "participation": "num", "grad_attack": "str", "bn_attack": "str?",
     "grad_attack_params": "dict", "bn_attack_params": "dict?", "grad_agg": "str", "bn_agg": "str?",
     "grad_agg_params": "dict", "bn_agg_params": "dict?", "agg_f": "int?", "root_size": "int?",
-    "client_filter": "str?", "client_filter_params": "dict?", "eval_every": "int", "seed": "int", "device": "str",
+    "client_filter": "str?", "client_filter_params": "dict?", "eval_every": "int", "eval_subset": "int?", "seed": "int", "device": "str",
     **{f"{c}_{p}": "dict?" if p.endswith("params") else "str?"
        for c in ("bn_mean", "bn_var") for p in ("attack", "attack_params", "agg", "agg_params")},
 }

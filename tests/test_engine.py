@@ -370,3 +370,21 @@ def test_dropout_is_off_in_evaluation_and_on_again_in_training():
     assert fed.model.training and all(m.training for m in fed.model.modules())
     fed.step()
     assert not torch.equal(torch.get_rng_state(), rng)  # the round drew dropout masks
+
+
+def test_an_evaluation_subset_leaves_training_and_the_final_evaluation_as_they_were():
+    base = dict(dataset="synthetic-images", model="simple-cnn", partition="gamma", gamma=0.5, n=5, f=1, norm="fbn",
+                grad_attack="alie", bn_mean_attack="sf", rounds=6, batch_size=8, eval_every=2, seed=3)
+    full = robustbn.run(base)
+    cheap = robustbn.run({**base, "eval_subset": 37})
+    # evaluation draws from no generator of the run: the training, and so the final evaluation, are the same
+    assert cheap.history[-1] == full.history[-1] and "test_examples" not in cheap.history[-1]
+    assert cheap.bn_stats == full.bn_stats
+    for entry in cheap.history[:-1]:
+        assert entry["test_examples"] == 37
+        assert round(entry["test_acc"] * 37, 4) == round(entry["test_acc"] * 37)  # a count of 37 examples
+    assert "eval_subset" not in Scenario(**base).validated().to_dict()  # old runs keep their hashes
+    with pytest.raises(ValueError, match="eval_subset"):
+        Scenario(**{**base, "norm": "fedbn", "eval_subset": 10}).validated()
+    with pytest.raises(ValueError, match="eval_subset"):
+        Scenario(**{**base, "eval_subset": 0}).validated()

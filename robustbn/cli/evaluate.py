@@ -204,7 +204,7 @@ def _evaluate_attack(args, overrides) -> int:
                          indent=1, allow_nan=False))
         return 1 if failures else 0
     table = [dict(zip(ATTACK_COLUMNS, (
-        v["norm"], v["threat"], v["defense"], f"{pct(v['worst_acc'])} {ci(v['worst_low'], v['worst_high'], 5)}",
+        v["norm"], v["threat"], v["defense"], f"{pct(v['worst_acc'])} {ci(v['worst_low'], v['worst_high'], v['worst_seeds'])}",
         v["worst_attack"], f"{pct(v['attack_acc'])} {ci(v['attack_low'], v['attack_high'], v['seeds'])}",
         "-" if v["diff"] is None else f"{100 * v['diff']:+.1f} {_signed_ci(v)} ({v['pairs']} seeds)", v["verdict"])))
         for v in verdicts]

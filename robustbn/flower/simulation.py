@@ -237,7 +237,7 @@ def server_app(sc: Scenario, out: dict) -> ServerApp:
             fed.theta = {k: state[k].to(fed.device) for k in fed.theta}
             if fed.layer_names and not fed.protocol.local_statistics:
                 fed.shared_mean, fed.shared_var = (s.to(fed.device) for s in strategy.layout.statistics(state))
-            acc, loss = fed.evaluate()
+            acc, loss = fed.evaluate(subset=sc.eval_subset if server_round < sc.rounds else None)
             evaluations.record(server_round, acc.item(), loss.item())
             return MetricRecord({"test_acc": acc.item(), "test_loss": loss.item()})
 
