@@ -284,6 +284,7 @@ h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.5em}
 .scroll{overflow-x:auto;max-width:100%;-webkit-overflow-scrolling:touch}
 table{border-collapse:collapse}th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f4f4f4}caption{text-align:left;padding:4px 0;color:#555;font-size:13px}
+.scroll>table>caption{position:sticky;left:0;max-width:calc(100vw - 24px);box-sizing:border-box}
 #leaderboard{min-width:60em}#leaderboard>thead th button{font:inherit;font-weight:600;background:none;border:0;
 padding:0;cursor:pointer;text-align:left;color:inherit}
 #leaderboard>thead th button:focus-visible{outline:2px solid #36c}

@@ -320,6 +320,10 @@ def test_the_page_in_chromium_equals_the_json_and_sorts(setup, tmp_path):
         box = phone.eval_on_selector("#leaderboard", "t => [t.parentNode.scrollWidth, t.parentNode.clientWidth]")
         assert box[0] > box[1] and phone.eval_on_selector(
             "#leaderboard", "t => getComputedStyle(t.parentNode).overflowX") == "auto"
+        # a wide table's caption stays in view, whole, above its scrolling box
+        edges = phone.eval_on_selector_all(".scroll caption", "cs => cs.map(c => [c.getBoundingClientRect().right, "
+                                                              "c.closest('.scroll').getBoundingClientRect().right])")
+        assert edges and all(right <= box_right + 0.5 for right, box_right in edges)
         for button in phone.query_selector_all("#leaderboard thead th button"):
             button.scroll_into_view_if_needed()
             button.click()
