@@ -10,6 +10,10 @@ settings.register_profile("ci", max_examples=500, deadline=None,
 settings.register_profile("default", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+# every Ray the tests start (test_cluster's, and Flower's simulation runtime) is of this machine
+# only, on 127.0.0.1: ray reads this once, when it is first imported, whichever test that is
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # ./dev.sh test runs a worker per core: one torch thread each, and in the processes tests
     # start (a CLI run, a Flower node), or OpenMP threads spin against the other worker's

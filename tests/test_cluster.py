@@ -116,9 +116,9 @@ def test_ray_executor_without_ray_says_how_to_install_it(tmp_path, capsys, monke
 
 @pytest.fixture(scope="module")
 def local_ray():
-    """A Ray instance of this machine only: every Ray socket on 127.0.0.1 (the variable
-    makes Ray pick the loopback address, as it does on macOS and Windows)."""
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    """A Ray instance of this machine only: every Ray socket on 127.0.0.1 (conftest sets
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before any test imports ray, which makes Ray pick the
+    loopback address, as it does on macOS and Windows)."""
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
     assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
