@@ -15,15 +15,17 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
   exit 2
 fi
 
-# setup EXTRAS: install the project with those extras when pyproject.toml or EXTRAS changed
+# setup [EXTRAS]: install the project (with those extras) when pyproject.toml or EXTRAS changed
 setup() {
-  local extras=$1
+  local extras=${1:-}
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   local want stamp="$VENV/.robustbn-installed"
   want=$({ cat pyproject.toml; echo "$extras"; } | "$PYTHON" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    echo "dev.sh: installing robustbn[$extras] and its dependencies into $VENV (first time: a few minutes)" >&2
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
+    local spec=.
+    [ -z "$extras" ] || spec=".[$extras]"
+    echo "dev.sh: installing robustbn${extras:+[$extras]} and its dependencies into $VENV (first time: a few minutes)" >&2
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$spec"
     echo "$want" > "$stamp"
   fi
 }
@@ -55,7 +57,7 @@ cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
   setup) setup test,ray,flower; fashion_mnist; browser ;;
-  demo) setup test; fashion_mnist; exec "$VENV/bin/robustbn" demo "$@" ;;
+  demo) setup; fashion_mnist; exec "$VENV/bin/robustbn" demo "$@" ;;  # the demo needs no test tools
   test) setup test,ray,flower; fashion_mnist; browser; exec "$VENV/bin/python" -m pytest -p no:cacheprovider -n auto --dist worksteal "$@" ;;
   docs)
     setup test,ray,flower
