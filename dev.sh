@@ -25,7 +25,9 @@ setup() {
     local spec=.
     [ -z "$extras" ] || spec=".[$extras]"
     echo "dev.sh: installing robustbn${extras:+[$extras]} and its dependencies into $VENV (first time: a few minutes)" >&2
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$spec"
+    # --no-compile: pip would byte-compile every file of torch and its CUDA libraries (about a
+    # minute of the demo's first run); Python compiles the modules imported, once, when imported
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile -e "$spec"
     echo "$want" > "$stamp"
   fi
 }

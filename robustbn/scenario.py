@@ -164,7 +164,10 @@ def _norm_layers_build(protocol: type, widths: tuple[int, ...], gn_groups: int) 
 @functools.lru_cache(maxsize=64)  # per model class and input: scenario files validate hundreds of times
 def _model_size(cls: type, in_channels: int, image_size: int, num_classes: int) -> tuple[int, int] | None:
     """(values every layer outputs for one example, parameters) of a model, measured by one
-    forward on the meta device (no memory); None where the model cannot be made or run so."""
+    forward of one example on the CPU, with uninitialized parameters (`to_empty`: no random draw,
+    no initialization). Not on the meta device: its first forward imports torch's compiler
+    stack, 2-4 s in every process that validates a scenario. None where the model cannot be
+    made or run so."""
     from torch import nn
 
     from .protocols.base import Protocol
@@ -180,9 +183,11 @@ def _model_size(cls: type, in_channels: int, image_size: int, num_classes: int) 
     try:
         with torch.device("meta"):
             model = cls(Plain(), in_channels, image_size, num_classes, gn_groups=1, dropout=0.0)
-            for m in model.modules():
-                if not any(m.children()):
-                    m.register_forward_hook(count)
+        model = model.to_empty(device="cpu")
+        for m in model.modules():
+            if not any(m.children()):
+                m.register_forward_hook(count)
+        with torch.no_grad():
             model(torch.zeros(1, in_channels, image_size, image_size))
     except Exception:  # noqa: BLE001 (a user's model that fails here is checked when the run builds it)
         return None

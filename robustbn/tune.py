@@ -18,7 +18,7 @@ from typing import Any
 
 from .labels import hashable
 from .matrix import FIELDS, MatrixError, read
-from .worst import RESULT, worst_case
+from .worst import ATTACK_KEYS, DEFENSE_FIELDS, RESULT, worst_case
 
 TUNING_SEEDS = [10, 11]
 REPORT_SEEDS = [0, 1, 2, 3, 4]
@@ -85,14 +85,25 @@ def tuned_values(values: dict[str, Any], choice: dict[str, Any], seeds: list[int
     for k, v in values.items():
         if isinstance(v, list) and k in setting and k != "seed" and not k.endswith(("_attack", "_attack_params")):
             narrowed[k] = setting[k]
+    at = "".join(f", {k} = {setting.get(k)}" for k in setting_fields(values))
     return {**values, **narrowed, **choice["chosen"], "seed": seeds,
-            "description": f"robustbn tune: {choice['defense']} under {choice['norm']} at its chosen "
+            "description": f"robustbn tune: {choice['defense']} under {choice['norm']}{at}, at its chosen "
                            f"{', '.join(f'{k} = {v}' for k, v in choice['chosen'].items())} (the max over the grid "
                            f"of the worst case over the attacks, on the tuning seeds), on the reporting seeds"}
 
 
-def slug(choice: dict[str, Any]) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "_", f"{choice['norm']} {choice['defense']}").strip("_").lower()[:80]
+def setting_fields(values: dict[str, Any]) -> list[str]:
+    """The fields a matrix varies that are neither the protocol, the defense, the attack nor the
+    seed (gamma, f, ...): each of their points is tuned on its own."""
+    return [k for k, v in values.items() if isinstance(v, list) and k not in ("seed", "norm")
+            and k not in DEFENSE_FIELDS and k not in ATTACK_KEYS]
+
+
+def slug(choice: dict[str, Any], values: dict[str, Any] | None = None) -> str:
+    """A file name for a defense's tuned file: its protocol, its defense and, where the matrix
+    varies the setting (gamma, f, ...), the point's values, so that points never share a file."""
+    point = " ".join(f"{k} {choice['setting'].get(k)}" for k in setting_fields(values or {}))
+    return re.sub(r"[^A-Za-z0-9]+", "_", f"{choice['norm']} {choice['defense']} {point}").strip("_").lower()[:120]
 
 
 def check_matrix(path: str | Path) -> dict[str, Any]:

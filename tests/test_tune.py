@@ -79,3 +79,26 @@ def test_tune_takes_the_max_over_the_grid_of_the_worst_case_over_attacks(matrix,
 def test_bad_tune_input_gets_one_line(matrix, tmp_path, capsys, args, words):
     code = main(["tune", str(matrix), "--db", str(tmp_path / "t.sqlite"), *args])
     one_line_error(capsys, code, *words)
+
+
+def test_a_matrix_over_settings_is_tuned_point_by_point(tmp_path, capsys):
+    """gamma takes two values: each (defense, gamma) gets its own choice and its own tuned file,
+    at that gamma only (one file per defense would let one point's choice overwrite another's)."""
+    path = tmp_path / "curve.toml"
+    path.write_text(toml_text({**MATRIX, "gamma": [0.0, 1.0], "grad_agg": "median", "grad_attack": "nan"}))
+    argv = ["tune", str(path), "--grid", "lr=[0.0001,0.1]", "--db", str(tmp_path / "t.sqlite"), "--jobs", "2",
+            "--quiet", "--format", "json"]
+    assert main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert sorted(d["at"]["gamma"] for d in got["defenses"]) == [0.0, 1.0]
+    files = [d["file"] for d in got["defenses"]]
+    assert len(files) == 2 and len(set(files)) == 2
+    gammas = set()
+    for d in got["defenses"]:
+        values = read(d["file"])
+        gammas.add(values["gamma"])
+        assert values["gamma"] == d["at"]["gamma"]
+        assert values["lr"] == d["chosen"]["lr"] and f"gamma_{str(values['gamma']).replace('.', '_')}" in d["file"]
+        assert {s.gamma for s in expand(values, d["file"])} == {values["gamma"]}
+        assert len(expand(values, d["file"])) == 5
+    assert gammas == {0.0, 1.0}

@@ -63,6 +63,8 @@ def register(sub) -> None:
 @fail_cleanly
 def cmd_demo(args) -> int:
     import dataclasses
+    import importlib
+    import threading
     import tomllib
 
     from ..matrix import expand, parse_override
@@ -79,7 +81,11 @@ def cmd_demo(args) -> int:
     print(values["description"] + "\n")
     scenarios = [dataclasses.replace(s, device=args.device).validated() if args.device else s
                  for s in expand(values, "demo")]
+    # matplotlib's import (2-3 s) overlaps the runs, which wait on their worker processes
+    plots_imported = threading.Thread(target=importlib.import_module, args=("robustbn.plots",), daemon=True)
+    plots_imported.start()
     code = run_and_report((values, scenarios), "demo", args)
+    plots_imported.join()
     hashes = {scenario_hash(s.to_dict()) for s in scenarios}
     with Store(args.db, readonly=True) as store:
         rows = [r for r in store.rows(status="done") if r["hash"] in hashes]

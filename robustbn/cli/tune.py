@@ -15,11 +15,12 @@ def register(sub) -> None:
                        description="MATRIX is a scenario matrix of defenses and attacks at one setting (the board's "
                                    "catalogue, a user's own). Each --grid field's values (their cross product with "
                                    "several) run the whole matrix on tuning seeds (--seeds, default 10 and 11, which "
-                                   "no report uses), written to DIR/tune_<matrix>.toml (DIR: --out, default "
+                                   "no report uses; each evaluated once, at its last round: the rule reads final accuracies only), "
+                                   "written to DIR/tune_<matrix>.toml (DIR: --out, default "
                                    "tune/<matrix> beside the store). A defense's score at a grid point is its worst "
                                    "case over the matrix's attacks (lowest mean over seeds; diverged: chance); its "
                                    "chosen point is the highest score (ties: the first in grid order), the max over "
-                                   "the grid of the min over attacks. Then, per defense, DIR/tuned_<norm>_<defense>.toml: "
+                                   "the grid of the min over attacks. Then, per defense (and per point of the setting where MATRIX varies gamma, f, ...), DIR/tuned_<norm>_<defense>[_<point>].toml: "
                                    "the matrix at its chosen point on --report-seeds (default 0-4), for robustbn run. "
                                    "Every run is in --db: the same command resumes.",
                        epilog="examples:\n  robustbn tune scenarios/worst_case_fmnist.toml --grid 'lr=[0.01,0.05,0.1]' "
@@ -61,7 +62,7 @@ def cmd_tune(args) -> int:
     from ..execute import pending, run_matrix
     from ..matrix import expand, parse_override, read, runs_of
     from ..store import FINISHED, Store, strict_json
-    from ..tune import REPORT_SEEDS, TUNING_SEEDS, check_matrix, choose, grid_points, slug, tuned_values
+    from ..tune import REPORT_SEEDS, TUNING_SEEDS, check_matrix, choose, grid_points, setting_fields, slug, tuned_values
 
     if not 1 <= args.jobs <= 512:
         raise UsageError(f"--jobs must be between 1 and 512, got {args.jobs}")
@@ -86,6 +87,9 @@ def cmd_tune(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tuning = out / f"tune_{Path(args.matrix).stem}.toml"
     tuning_values = {**values, **grid, "seed": seeds}
+    if isinstance(values.get("rounds"), int) and not isinstance(values.get("eval_every"), list):
+        # the rule reads final accuracies only: one evaluation a run, at its last round (a fifth of a run saved)
+        tuning_values["eval_every"] = values["rounds"]
     tuning_values["description"] = (f"robustbn tune: {args.matrix} at every point of the grid "
                                     f"({', '.join(f'{k} = {v}' for k, v in grid.items())}) on the tuning seeds "
                                     f"{', '.join(map(str, seeds))}")
@@ -111,9 +115,11 @@ def cmd_tune(args) -> int:
         store.close()
     choices = choose(rows, grid)
     written = []
+    at_keys = setting_fields(values)  # gamma, f, ... where the matrix varies them: each point tuned apart
     for c in choices:
+        c["at"] = {k: c["setting"].get(k) for k in at_keys}
         if c["complete"]:
-            path = out / f"tuned_{slug(c)}.toml"
+            path = out / f"tuned_{slug(c, values)}.toml"
             path.write_text(toml_text(tuned_values(values, c, report_seeds)), encoding="utf-8")
             written.append(str(path))
             c["file"] = str(path)
@@ -130,13 +136,13 @@ def cmd_tune(args) -> int:
         words = lambda p: ", ".join(f"{k}={v}" for k, v in p.items())
         table = []
         for c in choices:
-            row = {"norm": c["norm"], "defense": c["defense"]}
+            row = {"norm": c["norm"], "defense": c["defense"], **c["at"]}
             for s in c["scores"]:
                 row[words(s["point"])] = "-" if s["worst_acc"] is None else \
                     f"{100 * s['worst_acc']:.1f} ({s['seeds']} seed{'s' * (s['seeds'] != 1)})"
             row["chosen"] = words(c["chosen"]) if c["complete"] else "incomplete"
             table.append(row)
-        print(text_table(table, ["norm", "defense", *(words(p) for p in points), "chosen"]))
+        print(text_table(table, ["norm", "defense", *at_keys, *(words(p) for p in points), "chosen"]))
         print(f"\nworst case over the attacks (%), mean over the tuning seeds {', '.join(map(str, seeds))}; "
               f"chosen: the max over the grid")
         if written:
