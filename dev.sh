@@ -15,6 +15,39 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
   exit 2
 fi
 
+# pip's configuration (index-url, extra-index-url, find-links, constraint; its environment
+# variables first) as uv's options, one a line: uv reads no pip.conf
+uv_options() {
+  "$VENV/bin/python" -m pip config list 2>/dev/null | "$VENV/bin/python" -c '
+import shlex, sys
+flags = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
+         "constraint": "--constraint"}
+seen = {}
+for line in sys.stdin:  # lines like global.find-links='"'"'/opt/wheels'"'"' or :env:.find-links=...
+    key, _, value = line.strip().partition("=")
+    where, _, name = key.rpartition(".")
+    if name in flags and (name not in seen or where == ":env:"):
+        seen[name] = shlex.split(value)[0].split() if value else []
+for name, values in seen.items():
+    for v in values:
+        print(flags[name]); print(v)
+print("--index-strategy"); print("unsafe-best-match")  # as pip: the best version over every index'
+}
+
+# install SPEC into the venv: with uv where it can be had (torch's 5 GB in about a quarter of
+# pip's time: docs/performance.md), else pip. Neither byte-compiles: Python compiles the modules
+# imported, once, when imported (pip would compile all of torch's, about a minute)
+install() {
+  if [ -z "${ROBUSTBN_NO_UV:-}" ] && { [ -x "$VENV/bin/uv" ] ||
+       "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check uv >/dev/null 2>&1; }; then
+    local opts
+    mapfile -t opts < <(uv_options)
+    "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" "${opts[@]}" -e "$1" && return 0
+    echo "dev.sh: uv could not install it; trying pip" >&2
+  fi
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile -e "$1"
+}
+
 # setup [EXTRAS]: install the project (with those extras) when pyproject.toml or EXTRAS changed
 setup() {
   local extras=${1:-}
@@ -25,9 +58,7 @@ setup() {
     local spec=.
     [ -z "$extras" ] || spec=".[$extras]"
     echo "dev.sh: installing robustbn${extras:+[$extras]} and its dependencies into $VENV (first time: a few minutes)" >&2
-    # --no-compile: pip would byte-compile every file of torch and its CUDA libraries (about a
-    # minute of the demo's first run); Python compiles the modules imported, once, when imported
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile -e "$spec"
+    install "$spec"
     echo "$want" > "$stamp"
   fi
 }
