@@ -266,6 +266,25 @@ def test_every_shipped_scenario_fits_a_small_machine(monkeypatch):
     assert _model_size.cache_info().misses == misses
 
 
+def test_sizing_a_model_imports_no_compiler_and_draws_nothing():
+    """Validation sizes the model by a forward of uninitialized parameters on the CPU: a forward
+    on the meta device would import torch's compiler stack (2-4 s in every process that
+    validates), and initializing the parameters would draw from the global generator."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from robustbn.models import model_class\n"
+            "from robustbn.scenario import _model_size\n"
+            "torch.manual_seed(0); before = torch.random.get_rng_state()\n"
+            "print(_model_size(model_class('cnn'), 3, 32, 10))\n"
+            "assert torch.equal(torch.random.get_rng_state(), before)\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[-1] == "False"
+    assert "".join(out[:-1]) == "(647434,1310154)"  # the values the meta device gave
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_round_beyond_the_gpu_memory_is_refused(scenario, tmp_path, capsys):
     one_line_error(capsys, main(["list", str(scenario), "--set", "device=cuda", "--set", "batch_size=10000000"]),
