@@ -223,6 +223,166 @@ def leaderboard() -> None:
     print(markdown(board(board_runs())))
 
 
+# ---- robustness curves (issue 40) ------------------------------------------------------------
+
+ROBUSTNESS_MATRIX = "scenarios/robustness_fmnist.toml"
+TUNED_DIR = "scenarios/tuned/robustness_fmnist"  # robustbn tune ROBUSTNESS_MATRIX ... --out TUNED_DIR
+LR_GRID = (0.01, 0.05, 0.1)
+TUNE_COMMAND = (f"robustbn tune {ROBUSTNESS_MATRIX} --grid 'lr=[{','.join(map(str, LR_GRID))}]' --db results/board.sqlite "
+                f"--out {TUNED_DIR} --jobs 2")
+SWEEPS = {"gamma": ("f", 3), "f": ("gamma", 0.1)}  # along x, the other field held at
+TUNED = ("lr",)
+
+
+def tuning_file() -> str:
+    return f"{TUNED_DIR}/tune_{Path(ROBUSTNESS_MATRIX).stem}.toml"
+
+
+def tuned_files() -> tuple[str, ...]:
+    return tuple(sorted(str(p.relative_to(ROOT)) for p in (ROOT / TUNED_DIR).glob("tuned_*.toml")))
+
+
+def curve_runs(x: str | None = None) -> list[dict]:
+    """The reported runs of the curves (seeds 0-4 of the tuned files), along `x` where given."""
+    runs = [r for r in matrix_runs(tuned_files()) if r["seed"] in BOARD_SEEDS] if tuned_files() else []
+    if x is None:
+        return runs
+    held, value = SWEEPS[x]
+    return [r for r in runs if float(r[held]) == value]
+
+
+def tuning_status() -> str:
+    """How far the tuning and the tuned runs are, in one sentence (the curves' coverage)."""
+    from robustbn.matrix import expand, read
+
+    if not (ROOT / tuning_file()).is_file():
+        values = read(ROOT / ROBUSTNESS_MATRIX)
+        reported = len(expand(values, ROBUSTNESS_MATRIX))
+        tuning = len(expand({**values, "seed": [10, 11]}, ROBUSTNESS_MATRIX))
+        return (f"Not run yet: each point's defenses are tuned first (`{TUNE_COMMAND}`: seeds 10 and 11, "
+                f"{tuning} runs a grid value, {len(LR_GRID) * tuning} in all), then their tuned files run on seeds 0-4 "
+                f"({reported} runs) "
+                f"(`robustbn run {TUNED_DIR}/tuned_*.toml`). Until then the curves and the map stand on no run.")
+    done = {r["hash"] for r in file_runs(tuning_file())}
+    total = len(expand(read(ROOT / tuning_file()), tuning_file()))
+    reported = len(curve_runs())
+    planned = sum(len(expand(read(ROOT / f), f)) for f in tuned_files())
+    return (f"Tuning: {len(done)} of {total} runs (`{tuning_file()}`); tuned points: {len(tuned_files())} files, "
+            f"{reported} of their {planned} runs on seeds 0-4.")
+
+
+def _curve_digest(lines: dict) -> str:
+    """A digest of the numbers a robustness figure draws: the figure is stale where it differs."""
+    import hashlib
+
+    drawn = [(norm, t["defense"], t.get("server_data"), *(t.get(k) for k in (*SWEEPS, *TUNED)),
+              *(None if t.get(k) is None else round(t[k], 6) for k in ("worst_acc", "ci_low", "ci_high", "no_attack_acc")),
+              t["seeds"], t["worst_diverged"]) for norm, mine in lines.items() for pts in mine.values() for t in pts]
+    return hashlib.sha256(json.dumps(drawn, default=str).encode()).hexdigest()[:16]
+
+
+def robustness_table(x: str) -> None:
+    """Per protocol, a row per defense and a column per point along `x`: the worst case over
+    the attacks run (95% interval, seeds), the tuned lr, the clean accuracy; then the figure,
+    its digest in the text, so that `./dev.sh docs --check` fails where the figure is stale
+    (the PNG carries the same digest: tests/test_docs.py)."""
+    from robustbn.labels import norm_words
+    from robustbn.plots import plot, robustness_lines
+
+    runs = curve_runs(x)
+    held, value = SWEEPS[x]
+    if not runs:
+        print(f"No reported run along {x} (at {held} = {value}) yet. {tuning_status()}")
+        return
+    lines = robustness_lines(runs, x, TUNED)
+    xs = sorted({t[x] for mine in lines.values() for pts in mine.values() for t in pts})
+    print(f"{held} = {value}. Cell: worst case over the attacks run (%) [95% CI] (seeds), the lr tuned at that "
+          f"point, the clean accuracy; a diverged run counts at chance and is counted. {tuning_status()}\n")
+    for norm, mine in lines.items():
+        print(f"{norm_words(norm)}:\n")
+        print(f"| defense | {' | '.join(f'{x} = {v:g}' for v in xs)} |")
+        print(f"|---|{'---|' * len(xs)}")
+        for pts in mine.values():
+            at = {t[x]: t for t in pts}
+            words = pts[0]["defense"] + (f" ({pts[0]['server_data']})" if pts[0].get("server_data") else "")
+            cells = []
+            for v in xs:
+                t = at.get(v)
+                if t is None or t["worst_acc"] is None:
+                    cells.append("-")
+                    continue
+                e = Estimate(t["seeds"], t["worst_acc"], t["ci_low"], t["ci_high"], t["worst_std"])
+                dv = f", {t['worst_diverged']} diverged" if t["worst_diverged"] else ""
+                clean = "" if t["no_attack_acc"] is None else f"; clean {100 * t['no_attack_acc']:.1f}"
+                cells.append(f"{interval_cell(e)}{dv}, lr {t['lr']:g}{clean}")
+            print(f"| {words} | {' | '.join(cells)} |")
+        print()
+    digest = _curve_digest(lines)
+    image = ROOT / "docs" / "img" / f"robustness_{x}.png"
+    if not os.environ.get("ROBUSTBN_DOCS_CHECK"):
+        plot(runs, "robustness", str(image), x=x, tuned=TUNED, metadata={"robustbn-data": digest},
+             title=f"Fashion-MNIST, n = 10, {held} = {value}; each defense at its tuned lr")
+    print(f"![worst case along {x}](img/robustness_{x}.png) <!-- data {digest} -->")
+
+
+def robustness_map() -> None:
+    """Which defense to use where, per protocol and threat model: the paired rule's pick (or the
+    tied set) at each (f, gamma) point of the curves, each at its tuned lr."""
+    from robustbn.labels import norm_words
+    from robustbn.worst import defense_map, map_panels, pick_head
+
+    runs = curve_runs()
+    if not runs:
+        print(f"No map yet: it needs the curves' runs. {tuning_status()}")
+        return
+    xs, ys, panels = map_panels(defense_map(runs, "gamma", "f", TUNED))
+    for norm, threat, here in panels:
+        print(f"{norm_words(norm)}, {'root-free' if threat is None else 'trusted server data (' + threat + ')'}:\n")
+        print(f"| f \\ gamma | {' | '.join(f'{g:g}' for g in xs)} |")
+        print(f"|---|{'---|' * len(xs)}")
+        for f in ys:
+            row = [f"{pick_head(c)}: " + "; ".join(f"{p['defense']} {100 * p['worst_acc']:.1f} (lr {p['lr']:g})"
+                                                 for p in c["picks"]) if (c := here.get((f, g))) else ""
+                   for g in xs]
+            print(f"| {f} | {' | '.join(row)} |")
+        print()
+
+
+def tuning_moved() -> None:
+    """How far tuning moved each point's pick, on the tuning seeds: per protocol, point and
+    threat model, the highest worst case at the matrix's lr and at each defense's tuned lr."""
+    from robustbn.labels import norm_words
+    from robustbn.matrix import read
+    from robustbn.tune import choose
+
+    if not (ROOT / tuning_file()).is_file():
+        print(f"No tuning run yet. {tuning_status()}")
+        return
+    values = read(ROOT / tuning_file())
+    base = read(ROOT / ROBUSTNESS_MATRIX)["lr"]
+    choices = [c for c in choose(list(file_runs(tuning_file())), {"lr": values["lr"]}) if c["complete"]]
+    if not choices:
+        print(f"No point fully tuned yet. {tuning_status()}")
+        return
+    points = defaultdict(list)
+    for c in choices:
+        points[(c["norm"], c["setting"]["gamma"], c["setting"]["f"], c["server_data"])].append(c)
+    print(f"On the tuning seeds ({', '.join(map(str, values['seed']))}; two seeds: no verdict, the reported "
+          f"verdicts are the map's): per point, the defense with the highest worst case at the matrix's lr "
+          f"({base:g}) and at each defense's own tuned lr, and how much tuning gained each.\n")
+    print("| protocol | gamma | f | threat model | highest at lr " + f"{base:g}" + " | highest tuned | moved | gain per defense (points) |")
+    print("|---|---|---|---|---|---|---|---|")
+    at_base = lambda c: next((sc["worst_acc"] for sc in c["scores"] if sc["point"]["lr"] == base), None)
+    for (norm, gamma, f, data), cs in sorted(points.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3] or "")):
+        untuned = max(cs, key=lambda c: at_base(c) if at_base(c) is not None else -1)
+        tuned = max(cs, key=lambda c: c["chosen_acc"])
+        gains = "; ".join(f"{c['defense']} {100 * (c['chosen_acc'] - at_base(c)):+.1f} (lr {c['chosen']['lr']:g})"
+                          for c in cs if at_base(c) is not None)
+        print(f"| {norm_words(norm)} | {gamma:g} | {f} | {'root-free' if data is None else 'trusted'} | "
+              f"{untuned['defense']} {100 * at_base(untuned):.1f} | {tuned['defense']} {100 * tuned['chosen_acc']:.1f} "
+              f"(lr {tuned['chosen']['lr']:g}) | {'yes' if tuned is not untuned else 'no'} | {gains} |")
+
+
 def catalogue_coverage(gamma=0.0) -> None:
     """How many attacks the catalogue's file lists per cell, against how many each cell ran."""
     from robustbn.labels import hashable
@@ -843,6 +1003,8 @@ def cog(check: bool, paths: list[Path] = (RESULTS_MD,)) -> int:
     from cogapp import Cog
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if check:  # the figures are compared by the digest the text carries, not redrawn
+        os.environ["ROBUSTBN_DOCS_CHECK"] = "1"
     args = ["cog", "-P", "-p", "import tables", "--verbosity=1"]
     args += ["--check", "--diff", "--check-fail-msg=the file marked (changed) is stale: run ./dev.sh docs"] \
         if check else ["-r"]
@@ -851,9 +1013,10 @@ def cog(check: bool, paths: list[Path] = (RESULTS_MD,)) -> int:
 
 def page(out: Path = PAGE) -> Path:
     """The leaderboard page (robustbn report) of the runs, written to OUT/index.html."""
-    from robustbn.report import write_page
+    from robustbn.report import robustness_html, write_page
 
-    return write_page(board_runs(), out)
+    curves = curve_runs()
+    return write_page(board_runs(), out, robustness=robustness_html(curves, TUNED, SWEEPS, tuning_status()))
 
 
 def page_check(outs: list[Path] = (PAGE,)) -> int:

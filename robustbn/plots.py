@@ -8,7 +8,7 @@ pooled: the mean, and its 95% confidence interval as the band (Student t over se
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Iterable
 
 import matplotlib
 
@@ -289,13 +289,16 @@ def worst_case_figure(rows, title: str | None = None):
     return fig
 
 
-def robustness_lines(rows: list[dict[str, Any]], x: str) -> dict[str, dict[tuple, list[dict[str, Any]]]]:
+def robustness_lines(rows: list[dict[str, Any]], x: str, tuned: Iterable[str] = ()
+                     ) -> dict[str, dict[tuple, list[dict[str, Any]]]]:
     """{norm: {a defense's line key: its worst-case table rows (robustbn.worst) along `x`}}: a
-    line is a defense with every setting field but `x` fixed; each point carries
-    `worst_diverged`, the runs of its worst attack that diverged (counted at chance)."""
+    line is a defense with every setting field but `x` (and the `tuned` fields, each point's
+    own: `robustbn tune`) fixed; each point carries `worst_diverged`, the runs of its worst
+    attack that diverged (counted at chance)."""
     if x not in ROBUSTNESS_X:
         raise ValueError(f"--x {x}: a robustness curve runs along one of {', '.join(ROBUSTNESS_X)}")
-    table = [t for t in worst_case(rows) if t.get(x) is not None]
+    tuned = tuple(tuned)
+    table = [t for t in worst_case(rows, tuned) if t.get(x) is not None]
     if not table:
         raise ValueError(f"no finished run has {x}: nothing to plot along it")
     keys, settings = setting_groups(rows)
@@ -304,7 +307,7 @@ def robustness_lines(rows: list[dict[str, Any]], x: str) -> dict[str, dict[tuple
         worst = [r for r in runs if t["worst_attack"] not in (None, NO_ATTACK)
                  and all(hashable(r.get(k)) == hashable(t[f"worst_{k}"]) for k in ATTACK_FIELDS)]
         t["worst_diverged"] = sum(accuracy(r)[1] for r in worst)
-    fixed = varying(table, set(RESULT) | {"norm", x, "worst_diverged"})
+    fixed = varying(table, set(RESULT) | {"norm", x, "worst_diverged", *tuned})
     out: dict[str, dict[tuple, list[dict[str, Any]]]] = {}
     for norm in sorted({t["norm"] for t in table}, key=norm_order):
         lines = group([t for t in table if t["norm"] == norm], fixed)
@@ -314,12 +317,15 @@ def robustness_lines(rows: list[dict[str, Any]], x: str) -> dict[str, dict[tuple
     return out
 
 
-def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str | None = None):
+def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str | None = None,
+                      tuned: Iterable[str] = ()):
     """One panel per norm protocol; a line per defense: its worst-case accuracy over the attacks
     run (catalogue and confirmed searched) along `x`, the 95% band over the worst attack's seeds,
     its clean accuracy dashed, and a cross at a point whose worst attack made runs diverge. A
-    defense keeps its color and marker in every panel."""
-    lines = robustness_lines(rows, x)
+    defense keeps its color and marker in every panel. `tuned` (lr): each point's own value is
+    written beside it."""
+    tuned = tuple(tuned)
+    lines = robustness_lines(rows, x, tuned)
     name = lambda t: t["defense"] + (f" ({t['server_data']})" if t.get("server_data") else "")
     names = sorted({name(pts[0]) for mine in lines.values() for pts in mine.values()}, key=lambda n: (n != "mean", n))
     seeds = {n: [t["seeds"] for mine in lines.values() for pts in mine.values() for t in pts
@@ -342,6 +348,10 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
             clean = [t for t in pts if t["no_attack_acc"] is not None]
             ax.plot([t[x] for t in clean], [t["no_attack_acc"] for t in clean], color=color, linestyle="--",
                     linewidth=1.0, marker="o", markersize=4, markerfacecolor="none")  # a lone point shows too
+            for t in known if tuned else ():
+                ax.annotate(" ".join(f"{k} {t.get(k):g}" if isinstance(t.get(k), float) else f"{k} {t.get(k)}"
+                                     for k in tuned), (t[x], t["worst_acc"]), xytext=(4, 4),
+                            textcoords="offset points", fontsize=6, color=color, gid="tuned")
             bad = [t for t in known if t["worst_diverged"]]
             if bad:
                 ax.scatter([t[x] for t in bad], [t["worst_acc"] for t in bad], marker="x", s=70, color="black",
@@ -364,13 +374,15 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
     return fig
 
 
-def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title: str | None = None):
+def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title: str | None = None,
+               tuned: Iterable[str] = ()):
     """Which defense to use where (robustbn.worst.defense_map): a panel per norm protocol and
     threat model, a cell per (y, x), colored by the highest worst case there and naming the best
     defense, or those tied for best, with their worst cases (%)."""
     if x not in ROBUSTNESS_X or y not in ROBUSTNESS_X or x == y:
         raise ValueError(f"--x {x} --y {y}: the map's axes are two different fields of {', '.join(ROBUSTNESS_X)}")
-    cells = defense_map(rows, x, y)
+    tuned = tuple(tuned)
+    cells = defense_map(rows, x, y, tuned)
     if not cells:
         raise ValueError(f"no attacked run has both {x} and {y}: nothing to map")
     norms = list(dict.fromkeys(c["norm"] for c in cells))
@@ -388,7 +400,8 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
             i, j = ys.index(hashable(c[y])), xs.index(hashable(c[x]))
             grid[i, j] = top = max(p["worst_acc"] for p in c["picks"])
             shown = c["picks"][:3]
-            words = [f"{p['defense'][:26]} {100 * p['worst_acc']:.0f}" for p in shown]
+            at = lambda p: "".join(f" {k} {p[k]}" for k in tuned)
+            words = [f"{p['defense'][:26]} {100 * p['worst_acc']:.0f}{at(p)}" for p in shown]
             words += [f"+{len(c['picks']) - 3} more"] * (len(c["picks"]) > 3)
             head = {BEST: "use", TIED: f"{len(c['picks'])} tied", ONLY: "the only defense run"}.get(c["verdict"], c["verdict"])
             ax.text(j, i, "\n".join([head, *words]), ha="center", va="center", fontsize=7,
@@ -408,8 +421,10 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
     return fig
 
 
-def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: str = "gamma", y: str = "f"):
-    """The figure of `kind` for the finished runs among `rows` (not saved; see `plot`)."""
+def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: str = "gamma", y: str = "f",
+           tuned: Iterable[str] = ()):
+    """The figure of `kind` for the finished runs among `rows` (not saved; see `plot`); `tuned`:
+    the fields each defense ran at its own tuned value of (robustness and map)."""
     if kind not in KINDS:
         raise ValueError(f"unknown plot kind {kind!r}; allowed: {', '.join(KINDS)}")
     # worst-case counts diverged runs (and finished runs without a history) at chance (robustbn.worst),
@@ -420,8 +435,8 @@ def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: s
     if not rows:
         raise ValueError("no finished runs match: nothing to plot (see `robustbn results`)")
     if kind in ("worst-case", "robustness", "map"):  # the title above the caption that says what is drawn
-        fig = worst_case_figure(rows, title) if kind == "worst-case" else robustness_figure(rows, x, title) \
-            if kind == "robustness" else map_figure(rows, x, y, title)
+        fig = worst_case_figure(rows, title) if kind == "worst-case" else robustness_figure(rows, x, title, tuned) \
+            if kind == "robustness" else map_figure(rows, x, y, title, tuned)
         title = None
     elif kind == "heatmap":
         fig = heatmap_figure(rows)
@@ -440,9 +455,11 @@ def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: s
 
 
 def plot(rows: list[dict[str, Any]], kind: str, out: str, title: str | None = None, x: str = "gamma",
-         y: str = "f") -> None:
-    fig = figure(rows, kind, title, x, y)
-    fig.savefig(out, dpi=120)
+         y: str = "f", tuned: Iterable[str] = (), metadata: dict[str, str] | None = None) -> None:
+    """Save the figure (`figure`) to `out`; `metadata`: PNG text chunks (docs/tables.py writes
+    there a digest of the numbers drawn, which `./dev.sh docs --check` compares)."""
+    fig = figure(rows, kind, title, x, y, tuned)
+    fig.savefig(out, dpi=120, metadata=metadata)
     plt.close(fig)
 
 

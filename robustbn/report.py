@@ -421,7 +421,48 @@ def recommendations_html(board: Board) -> str:
             f"</table></div>")
 
 
-def render_html(board: Board, images: list[tuple[str, str]] = (), title: str = "robustbn leaderboard") -> str:
+def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] = ("lr",),
+                    sweeps: dict[str, tuple[str, Any]] | None = None, pending: str = "") -> str:
+    """The robustness section: per protocol and threat model, which defense to use at each (f,
+    gamma) point (robustbn.worst.defense_map, each pick at its tuned values) as an HTML table,
+    then the worst case along each sweep (x: the other field held), as figures. `pending`: what
+    to say where there is no run yet."""
+    from .plots import figure
+    from .worst import defense_map, map_panels, pick_head
+
+    e = html.escape
+    if not curves:
+        return f"<p>{e(pending or 'No robustness curve run yet.')}</p>"
+    xs, ys, panels = map_panels(defense_map(curves, "gamma", "f", tuned))
+    out = []
+    for norm, data, here in panels:
+        model = ROOT_FREE if data is None else f"{TRUSTED} ({data})"
+        rows = []
+        for f in ys:
+            tds = []
+            for g in xs:
+                c = here.get((f, g))
+                picks = "" if c is None else "".join(
+                    f"<small>{e(p['defense'])} {pct(p['worst_acc'])} ({e(', '.join(f'{k} {p[k]}' for k in tuned))})"
+                    f"</small>" for p in c["picks"])
+                tds.append("<td>-</td>" if c is None else f"<td><b>{e(pick_head(c))}</b>{picks}</td>")
+            rows.append(f'<tr><th scope="row">f = {f}</th>{"".join(tds)}</tr>')
+        head = "".join(f'<th scope="col">gamma = {g:g}</th>' for g in xs)
+        out.append(f'<div class="scroll"><table class="map"><caption>{e(norm_words(norm))}, {e(model)}: the '
+                   f'defense to use at each point (paired over seeds), or every one tied for best, with its '
+                   f'worst case (%) and tuned {e(", ".join(tuned))}</caption><thead><tr><th scope="col">f</th>'
+                   f'{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
+    for x, (held, value) in (sweeps or {}).items():
+        along = [r for r in curves if r.get(held) == value]
+        if len({r.get(x) for r in along}) > 1:
+            caption = f"Worst case along {x} at {held} = {value}, each defense at its tuned {', '.join(tuned)}"
+            out.append(f'<figure><img alt="{e(caption)}" src="{png_uri(figure(along, "robustness", x=x, tuned=tuned))}">'
+                       f"<figcaption>{e(caption)}</figcaption></figure>")
+    return "".join(out)
+
+
+def render_html(board: Board, images: list[tuple[str, str]] = (), title: str = "robustbn leaderboard",
+                robustness: str | None = None) -> str:
     """The page: the setup and threat model, the recommendations, the leaderboard (`<table
     id="leaderboard">`, sortable by its header buttons, each row opening to its runs), the
     heatmap, the absent protocols and the figures, all inline."""
@@ -457,16 +498,19 @@ def render_html(board: Board, images: list[tuple[str, str]] = (), title: str = "
             f"then the highest worst case first. Sort by a column with its header button; open a row's runs below "
             f'it.</caption><thead><tr>{head}</tr></thead>{"".join(bodies)}</table></div>'
             f"<h2>Worst case per defense and protocol</h2>{heatmap_html(board)}"
+            + (f"<h2>Across heterogeneity and f</h2>{robustness}" if robustness is not None else "") +
             f"<h2>Not on the leaderboard</h2><ul>{absent}</ul>{imgs}<script>{JS}</script></body></html>")
 
 
-def write_page(rows: list[dict[str, Any]], out: str | Path, gamma: float = 0.0) -> Path:
-    """DIR/index.html for the rows (see `leaderboard`); returns its path."""
+def write_page(rows: list[dict[str, Any]], out: str | Path, gamma: float = 0.0, robustness: str | None = None
+               ) -> Path:
+    """DIR/index.html for the rows (see `leaderboard`); returns its path. `robustness`: the
+    section `robustness_html` makes, where there are curves to show."""
     board = leaderboard(rows, gamma)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     page = out / "index.html"
-    page.write_text(render_html(board, figures(rows, board)), encoding="utf-8")
+    page.write_text(render_html(board, figures(rows, board), robustness=robustness), encoding="utf-8")
     return page
 
 

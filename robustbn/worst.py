@@ -192,7 +192,7 @@ def setting_groups(rows: list[dict[str, Any]]) -> tuple[list[str], dict[tuple, l
     return keys, settings
 
 
-def worst_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def worst_case(rows: list[dict[str, Any]], tuned: Iterable[str] = ()) -> list[dict[str, Any]]:
     """The worst-case table of `rows` (as `Store.rows()` returns them; unfinished runs are
     left out): one dict per setting, sorted by norm mode (the plots' order), defense ("mean"
     first), then f and the other fields. Each has the setting's fields (norm, defense in
@@ -204,7 +204,8 @@ def worst_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     attacks (how many), seeds (of the worst attack), diverged (runs of the setting counted at
     chance), verdict, gap, gap_low, gap_high, gap_pairs (against the best defense, paired over
     seeds), no_attack_acc, no_attack_low, no_attack_high, no_attack_seeds. See the module's
-    docstring for the definition."""
+    docstring for the definition. `tuned`: fields each defense ran at its own tuned value of
+    (`robustbn tune`: lr): they belong to the defense, so defenses at different values compete."""
     keys, settings = setting_groups(rows)
     table, per_seed = [], {}
     for runs in settings.values():
@@ -245,15 +246,16 @@ def worst_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         per_seed[id(table[-1])] = seeds
     table.sort(key=lambda t: (norm_order(t["norm"]), t["defense"] != "mean", t["defense"],
                               [sort_key(t.get(k)) for k in ["f", *keys]]))
-    _verdicts(table, per_seed)
+    _verdicts(table, per_seed, tuned)
     return table
 
 
-def _verdicts(table: list[dict[str, Any]], per_seed: dict[int, dict | None]) -> None:
+def _verdicts(table: list[dict[str, Any]], per_seed: dict[int, dict | None], tuned: Iterable[str] = ()) -> None:
     """Fill verdict and gap* of the settings that differ only in the defense (the module's
-    docstring): the best by pooled worst case, the others paired with it over seeds."""
-    others = [k for k in dict.fromkeys(k for t in table for k in t)
-              if k not in set(RESULT) | DEFENSE_FIELDS | {"defense"}]  # server_data stays: threat models apart
+    docstring; with the `tuned` fields): the best by pooled worst case, the others paired with
+    it over seeds."""
+    others = [k for k in dict.fromkeys(k for t in table for k in t)  # server_data stays: threat models apart
+              if k not in set(RESULT) | DEFENSE_FIELDS | {"defense", *tuned}]
     groups = defaultdict(list)
     for t in table:
         if t["worst_acc"] is not None:
@@ -291,7 +293,8 @@ def shown_columns(table: list[dict[str, Any]]) -> list[str]:
 ONLY = "the only defense run"
 
 
-def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f") -> list[dict[str, Any]]:
+def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tuned: Iterable[str] = ()
+                ) -> list[dict[str, Any]]:
     """Which defense to use where, ByzFL style: per norm protocol, threat model and (y, x) cell
     (every other setting field as it is), the defenses the paired rule of `worst_case` picks:
     the best, or every one tied for best, or ONLY where one defense ran there. A cell of f = 0
@@ -299,10 +302,11 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f") -> l
     root-free), x, y, verdict (BEST, TIED, ONLY, or "n seeds, no verdict" where fewer than
     MIN_PAIRS seeds pair, the highest worst case its pick, as on the leaderboard), picks
     (the defenses: defense, worst_acc, ci_low, ci_high, seeds, worst_attack) and defenses (how
-    many ran there)."""
-    table = [t for t in worst_case(rows) if t.get("f") and t.get(x) is not None and t.get(y) is not None]
+    many ran there). `tuned` (as `worst_case`): each pick carries its values of them."""
+    tuned = tuple(tuned)
+    table = [t for t in worst_case(rows, tuned) if t.get("f") and t.get(x) is not None and t.get(y) is not None]
     others = [k for k in dict.fromkeys(k for t in table for k in t)
-              if k not in set(RESULT) | DEFENSE_FIELDS | {"defense", "server_data", "norm", x, y}]
+              if k not in set(RESULT) | DEFENSE_FIELDS | {"defense", "server_data", "norm", x, y, *tuned}]
     cells: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for t in table:
         if t["worst_acc"] is not None:
@@ -317,7 +321,27 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f") -> l
             (tied, TIED) if tied else (ts, ONLY)
         picks = sorted(picks, key=lambda t: -t["worst_acc"])
         out.append({"norm": norm, "threat": data, x: ts[0][x], y: ts[0][y], "verdict": verdict, "defenses": len(ts),
-                    "picks": [{k: t[k] for k in ("defense", "worst_acc", "ci_low", "ci_high", "seeds", "worst_attack")}
+                    "picks": [{**{k: t[k] for k in ("defense", "worst_acc", "ci_low", "ci_high", "seeds",
+                                                    "worst_attack")}, **{k: t.get(k) for k in tuned}}
                               for t in picks]})
     out.sort(key=lambda c: (norm_order(c["norm"]), c["threat"] is not None, sort_key(c[y]), sort_key(c[x])))
     return out
+
+
+def map_panels(cells: list[dict[str, Any]], x: str = "gamma", y: str = "f"
+               ) -> tuple[list, list, list[tuple[str, str | None, dict[tuple, dict[str, Any]]]]]:
+    """`defense_map`'s cells laid out: (the x values, the y values, a panel per protocol and
+    threat model: (norm, threat, {(y value, x value): cell}))."""
+    xs = sorted({hashable(c[x]) for c in cells}, key=sort_key)
+    ys = sorted({hashable(c[y]) for c in cells}, key=sort_key)
+    panels = []
+    for norm in dict.fromkeys(c["norm"] for c in cells):
+        for threat in dict.fromkeys(c["threat"] for c in cells if c["norm"] == norm):
+            panels.append((norm, threat, {(hashable(c[y]), hashable(c[x])): c for c in cells
+                                          if c["norm"] == norm and c["threat"] == threat}))
+    return xs, ys, panels
+
+
+def pick_head(cell: dict[str, Any]) -> str:
+    """A map cell's verdict in a word or two: "use", "3 tied", "only one run", or why none."""
+    return {BEST: "use", TIED: f"{len(cell['picks'])} tied", ONLY: "only one run"}.get(cell["verdict"], cell["verdict"])

@@ -407,3 +407,34 @@ def test_fewer_than_five_paired_seeds_give_no_verdict(setup):
     assert board.lines[0] == (f"with naive BN, root-free: the highest worst case is mean on the gradients, nnm+median on the mean "
                               f"and variance ({100 * sum(v) / 4:.1f}% [{100 * low:.1f}, {100 * high:.1f}], 4 seeds); "
                               f"4 seeds, no verdict")
+
+
+def test_the_robustness_section_maps_the_picks_at_their_tuned_values(tmp_path):
+    """robustness_html: a table per protocol and threat model, a cell per (f, gamma) naming the
+    paired rule's pick with its tuned lr and worst case; a figure per sweep with several points;
+    without curves, the sentence it is given."""
+    import re
+
+    from robustbn.report import robustness_html
+    from robustbn.worst import defense_map
+    from test_worst_case import ATTACKS, DEFENSES, add
+
+    store = Store(tmp_path / "c.sqlite")
+    for seed in range(5):
+        for d, defense in enumerate(DEFENSES):
+            for gamma, lr in ((0.0, 0.1), (1.0, 0.01)):
+                add(store, 0.2 + 0.3 * d + 0.2 * gamma + 0.01 * ((seed + d) % 3), norm="fbn", f=3, gamma=gamma,
+                    lr=lr, seed=seed, **DEFENSES[defense], **ATTACKS["sf-mean"])
+    rows = store.rows()
+    store.close()
+    page = robustness_html(rows, ("lr",), {"gamma": ("f", 3)})
+    (table,) = re.findall(r'<table class="map">.*?</table>', page)
+    assert "FBN, root-free" in table
+    cells = re.findall(r"<td>(.*?)</td>", table)
+    expect = {c["gamma"]: c for c in defense_map(rows, "gamma", "f", ("lr",))}
+    assert len(cells) == 2
+    for cell, gamma in zip(cells, (0.0, 1.0)):
+        (p,) = expect[gamma]["picks"]
+        assert cell.startswith("<b>use</b>") and f"{p['defense']} {100 * p['worst_acc']:.1f} (lr {p['lr']})" in cell
+    assert page.count('<img alt="Worst case along gamma at f = 3') == 1
+    assert robustness_html([], pending="Not run yet.") == "<p>Not run yet.</p>"

@@ -118,3 +118,60 @@ def test_the_picks_follow_the_generated_verdicts():
             assert "no single pick" in pick and f"{defense} (" in pick and ": use " not in pick
         else:
             assert f": use {defense} (" not in pick
+
+
+def test_the_robustness_section_tabulates_the_curves_and_its_figure_carries_their_digest(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """robustness_table: a row per defense, a cell per gamma with the worst case, its tuned lr and
+    the clean accuracy, from the worst-case table; the figure it writes carries the digest its
+    text prints, a changed number changes the digest (so `--check` fails), and in check mode
+    no figure is drawn."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import tables
+    from PIL import Image
+    from test_worst_case import ATTACKS, DEFENSES, add
+
+    from robustbn.store import Store
+    from robustbn.worst import worst_case
+
+    store = Store(tmp_path / "c.sqlite")
+    for seed in range(5):
+        for d, defense in enumerate(DEFENSES):
+            for gamma, lr in ((0.0, 0.1), (1.0, 0.01)):
+                acc = 0.2 + 0.3 * d + 0.2 * gamma + 0.01 * seed
+                add(store, acc, norm="fbn", f=3, gamma=gamma, lr=lr, seed=seed, **DEFENSES[defense],
+                    **ATTACKS["sf-mean"])
+                add(store, acc + 0.1, norm="fbn", f=3, gamma=gamma, lr=lr, seed=seed, **DEFENSES[defense])
+    runs = store.rows()
+    store.close()
+    (tmp_path / "docs" / "img").mkdir(parents=True)
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    monkeypatch.setattr(tables, "curve_runs", lambda x=None: runs)
+    monkeypatch.setattr(tables, "tuning_status", lambda: "(status)")
+    monkeypatch.delenv("ROBUSTBN_DOCS_CHECK", raising=False)
+    tables.robustness_table("gamma")
+    text = capsys.readouterr().out
+    truth = {(t["defense"], t["gamma"]): t for t in worst_case(runs, ("lr",))}
+    for (defense, gamma), t in truth.items():
+        row = next(line for line in text.splitlines() if line.startswith(f"| {defense} |"))
+        cell = row.split(" | ")[1 if gamma == 0.0 else 2]
+        assert cell.startswith(f"{100 * t['worst_acc']:.1f} [") and "(5 seeds)" in cell
+        assert f"lr {t['lr']:g}; clean {100 * t['no_attack_acc']:.1f}" in cell
+    digest = re.search(r"<!-- data ([0-9a-f]{16}) -->", text).group(1)
+    tables.robustness_map()  # the map: at each gamma the higher defense, paired over 5 seeds, at its lr
+    best = {g: max((t for t in truth.values() if t["gamma"] == g), key=lambda t: t["worst_acc"]) for g in (0.0, 1.0)}
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 3 |"))
+    assert row == "| 3 | " + " | ".join(f"use: {best[g]['defense']} {100 * best[g]['worst_acc']:.1f} (lr {best[g]['lr']:g})"
+                                          for g in (0.0, 1.0)) + " |"
+    image = tmp_path / "docs" / "img" / "robustness_gamma.png"
+    assert Image.open(image).text["robustbn-data"] == digest
+
+    image.unlink()
+    monkeypatch.setenv("ROBUSTBN_DOCS_CHECK", "1")
+    runs[0] = {**runs[0], "final_acc": runs[0]["final_acc"] - 0.05,
+               "history": [{**h, "test_acc": h["test_acc"] - 0.05} for h in runs[0]["history"]]}
+    tables.robustness_table("gamma")
+    again = capsys.readouterr().out
+    assert not image.exists()
+    assert re.search(r"<!-- data ([0-9a-f]{16}) -->", again).group(1) != digest

@@ -507,3 +507,45 @@ def test_the_map_names_the_best_or_the_tied_set_per_cell_by_the_paired_rule(tmp_
     assert main(["plot", "map", "--x", "f", "--y", "f", "--db", str(tmp_path / "m.sqlite"),
                  "--out", str(tmp_path / "m.png")]) == 2
     assert "two different fields" in capsys.readouterr().err
+
+
+def test_tuned_fields_belong_to_the_defense_in_verdicts_curves_and_the_map(tmp_path, capsys):
+    """Each defense ran at its own tuned lr at each gamma (robustbn tune): `tuned=("lr",)` compares
+    them with each other (without it, each stands alone: no verdict), keeps one line per
+    defense across points of different lr, and writes each point's lr beside it."""
+    from robustbn.plots import robustness_lines
+    from robustbn.worst import BEST, defense_map
+
+    lrs = {("mean", 0.0): 0.1, ("mean", 1.0): 0.01, ("nnm+median", 0.0): 0.01, ("nnm+median", 1.0): 0.05}
+    noise = [0.00, 0.02, -0.01, 0.01, -0.02]
+    store = Store(tmp_path / "t.sqlite")
+    for (defense, gamma), lr in lrs.items():
+        for seed in range(5):
+            acc = (0.2 if defense == "mean" else 0.6) + 0.1 * gamma + noise[(seed + len(defense)) % 5]
+            add(store, acc, norm="fbn", f=3, gamma=gamma, lr=lr, seed=seed, **DEFENSES[defense], **ATTACKS["sf-mean"])
+    rows = store.rows()
+    store.close()
+    assert {t["verdict"] for t in worst_case(rows)} == {None}  # every (defense, lr) alone at its point
+    table = worst_case(rows, tuned=("lr",))
+    verdicts = {(t["defense"], t["gamma"]): (t["verdict"], t["lr"]) for t in table}
+    assert verdicts[(ROBUST_DEFENSE, 0.0)] == (BEST, 0.01) and verdicts[(MEAN_DEFENSE, 0.0)] == ("worse", 0.1)
+    assert verdicts[(ROBUST_DEFENSE, 1.0)] == (BEST, 0.05)
+
+    lines = robustness_lines(rows, "gamma", tuned=("lr",))
+    assert [[(t["gamma"], t["lr"]) for t in pts] for pts in lines["fbn"].values()] == \
+        [[(0.0, 0.1), (1.0, 0.01)], [(0.0, 0.01), (1.0, 0.05)]]
+    cells = defense_map(rows, "gamma", "f", tuned=("lr",))
+    assert [(c["gamma"], c["verdict"], c["picks"][0]["lr"]) for c in cells] == [(0.0, BEST, 0.01), (1.0, BEST, 0.05)]
+    fig = figure(rows, "robustness", x="gamma", tuned=("lr",))
+    (panel,) = [a for a in fig.axes if a.get_title()]
+    assert sorted(t.get_text() for t in panel.texts if t.get_gid() == "tuned") == \
+        ["lr 0.01", "lr 0.01", "lr 0.05", "lr 0.1"]
+
+    db = str(tmp_path / "t.sqlite")
+    assert main(["results", "--db", db, "--worst-case", "--tuned", "lr", "--format", "json"]) == 0
+    assert sorted(t["verdict"] for t in json.loads(capsys.readouterr().out)) == [BEST, BEST, "worse", "worse"]
+    for argv, words in ((["results", "--db", db, "--tuned", "lr"], "--tuned is for --worst-case"),
+                        (["results", "--db", db, "--worst-case", "--tuned", "seed"], "--tuned seed")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err

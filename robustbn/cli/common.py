@@ -131,3 +131,14 @@ def key_values(texts: list[str], flag: str, example: str) -> dict:
             raise UsageError(f"{flag} {key}: given twice")
         out[key] = value
     return out
+
+
+def check_tuned(fields: list[str], allowed: bool, where: str) -> None:
+    """--tuned FIELD: a scenario field that is neither the protocol, the seed nor an attack's."""
+    from ..matrix import FIELDS
+
+    if fields and not allowed:
+        raise UsageError(f"--tuned is for {where}")
+    for field in fields:
+        if field not in FIELDS or field in ("norm", "seed") or field.endswith(("_attack", "_attack_params")):
+            raise UsageError(f"--tuned {field}: a scenario field the defenses were tuned on, e.g. --tuned lr")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import DEFAULT_DB, RAW, WHERE_HELP, UsageError, check_image_path, fail_cleanly
+from .common import DEFAULT_DB, RAW, WHERE_HELP, UsageError, check_image_path, check_tuned, fail_cleanly
 from .results import add_matrix_option, selected_rows
 
 
@@ -44,6 +44,9 @@ def register(sub) -> None:
                                                 "the robustness plot (gamma, f or alpha)")
     p.add_argument("--y", default="f", help="y axis of the map (gamma, f or alpha; default f)")
     p.add_argument("--title", default=None)
+    p.add_argument("--tuned", action="append", default=[], metavar="FIELD",
+                   help="robustness and map: a field each defense ran at its own tuned value of (robustbn tune; "
+                        "e.g. --tuned lr): it belongs to the defense, and each point is labelled with it")
     p.set_defaults(run=cmd_plot)
 
 
@@ -61,11 +64,12 @@ def cmd_plot(args) -> int:
     if args.kind == "map" and (args.x not in ROBUSTNESS_X or args.y not in ROBUSTNESS_X or args.x == args.y):
         raise UsageError(f"--x {args.x} --y {args.y}: the map's axes are two different fields of "
                          f"{', '.join(ROBUSTNESS_X)}")
+    check_tuned(args.tuned, args.kind in ("robustness", "map"), "robustness and map plots")
     with Store(args.db, readonly=True) as store:
         rows = selected_rows(store, args.where, matrices=args.matrix)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     try:
-        plot(rows, args.kind, args.out, args.title, args.x, args.y)
+        plot(rows, args.kind, args.out, args.title, args.x, args.y, args.tuned)
     except ValueError as e:
         raise UsageError(str(e)) from None
     print(args.out)

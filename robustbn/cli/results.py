@@ -3,8 +3,8 @@ views: --worst-case (robustbn.worst), --pooled and --compare (robustbn.stats).""
 
 from __future__ import annotations
 
-from .common import (DEFAULT_DB, RAW, WHERE_HELP, UsageError, channel_columns, fail_cleanly, matching_rows,
-                     parse_where, text_table)
+from .common import (DEFAULT_DB, RAW, WHERE_HELP, UsageError, channel_columns, check_tuned, fail_cleanly,
+                     matching_rows, parse_where, text_table)
 
 MATRICES_HELP = ("keep only the runs of this scenario or matrix file, at any seed, on any device and by either "
                  "engine (e.g. the matrix's worst case without an attack search's trials that share its "
@@ -60,6 +60,9 @@ def register(sub) -> None:
     p.add_argument("--worst-case", action="store_true",
                    help="per setting, the worst accuracy over attacks (seeds pooled, 95%% CI), the attack achieving "
                         "it, and a verdict per norm protocol: best, tied for best (paired over seeds), worse")
+    p.add_argument("--tuned", action="append", default=[], metavar="FIELD",
+                   help="with --worst-case: a field each defense ran at its own tuned value of (robustbn tune; e.g. "
+                        "--tuned lr): defenses at different values are compared with each other")
     p.add_argument("--pooled", action="store_true",
                    help="a row per group of runs that differ only in seed: seeds, mean final accuracy, its 95%% CI "
                         "(Student t over seeds, clipped to [0, 1]; none for 1 seed), diverged runs")
@@ -80,11 +83,12 @@ def cmd_results(args) -> int:
         raise UsageError(f"{' and '.join(views)}: one view at a time; give one of them")
     if views and args.status not in (None, "done", "diverged"):
         raise UsageError(f"{views[0]} reads finished runs only (leave out --status)")
+    check_tuned(args.tuned, args.worst_case, "--worst-case")
     compared = _compared(args.compare) if args.compare else None
     with Store(args.db, readonly=True) as store:
         rows = selected_rows(store, args.where, FINISHED if views else args.status, args.matrix)
     if args.worst_case:
-        return _print_worst_case(rows, args.format)
+        return _print_worst_case(rows, args.format, args.tuned)
     rows = [{k: v for k, v in r.items() if k != "source"} for r in rows]  # the file: a worst case's column only
     if args.pooled:
         return _print_pooled(rows, args.format)
@@ -193,7 +197,7 @@ def _print_pooled(rows: list[dict], fmt: str) -> int:
     return 0
 
 
-def _print_worst_case(rows: list[dict], fmt: str) -> int:
+def _print_worst_case(rows: list[dict], fmt: str, tuned: list[str] = ()) -> int:
     """`results --worst-case`: a row per setting, its worst accuracy over attacks (robustbn.worst)."""
     import json
 
@@ -201,7 +205,7 @@ def _print_worst_case(rows: list[dict], fmt: str) -> int:
     from ..store import export, strict_json
     from ..worst import shown_columns, worst_case
 
-    table = worst_case(rows)
+    table = worst_case(rows, tuned)
     if fmt == "json":
         print(json.dumps(strict_json(table), indent=1, allow_nan=False))
     elif fmt == "csv":
