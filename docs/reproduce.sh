@@ -82,6 +82,13 @@ for cell in fbn_cc fbn_bucketing_cc fbn_arc_nnm_trmean fbn_bnguard; do
   robustbn attack-search scenarios/search_$cell.toml --db $DB --format json > docs/search_$cell.json
   $RUN scenarios/searched_worst_$cell.toml
 done
+# issue 38: every other best or tied row, searched alike; --confirm writes the confirmation file, the
+# best trial's attack on seeds 0-4
+for cell in hbn_cc hbn_bucketing_cc hbn_arc_nnm_trmean hbn_bnguard naive_bnguard fixbn_bnguard fbn_mean; do
+  robustbn attack-search scenarios/search_$cell.toml --db $DB --format json \
+    --confirm scenarios/searched_worst_$cell.toml > docs/search_$cell.json
+  $RUN scenarios/searched_worst_$cell.toml
+done
 # the adaptive worst case of three defenses (Optuna, 40 trials each, seeded; every trial a run in the store)
 for cell in fbn_nnm_trmean fbn_dnc naive_dnc; do
   robustbn attack-search scenarios/search_$cell.toml --db $DB --format json > docs/search_$cell.json
@@ -166,5 +173,9 @@ for g in 0.0 1.0; do
     --out docs/img/worst_case_gamma$g.png \
     --title "Worst case over the catalogue's and the searched attacks, f = 3 of 10, gamma = $g (Fashion-MNIST, demo scale)"
 done
+# issue 40: the robustness curves; each defense's lr tuned at each point (seeds 10 and 11), then run on 0-4
+robustbn tune scenarios/robustness_fmnist.toml --grid 'lr=[0.01,0.05,0.1]' --db $DB \
+  --out scenarios/tuned/robustness_fmnist --jobs 2
+for f in scenarios/tuned/robustness_fmnist/tuned_*.toml; do $RUN "$f"; done
 robustbn results --db $DB --format csv > docs/results.csv
 ./dev.sh docs  # docs/results.md's tables and verdicts, and docs/report/index.html, from docs/results.csv

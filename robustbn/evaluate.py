@@ -347,19 +347,21 @@ def over_budget(plan: Plan, seconds: float, budget: float) -> str | None:
             f"(--protocol: {fit} of the {len(plan.protocols)} fit, about {per_norm:.1f} h each){trials}")
 
 
-def confirmation_values(search_path: Path, outcome_json: dict[str, Any]) -> dict[str, Any] | None:
-    """The confirmation file of a finished search: the found attack on the board's seeds."""
+def confirmation_values(search_path: Path, outcome_json: dict[str, Any], values: dict[str, Any] | None = None
+                        ) -> dict[str, Any] | None:
+    """The confirmation file of a finished search: the found attack on the board's seeds, at the
+    search file's setting (or `values`, the setting as the search ran it)."""
     worst = outcome_json.get("worst")
     if not worst:
         return None
-    values = read(search_path)
-    values.pop("search")
+    values = dict(values) if values is not None else read(search_path)
+    values.pop("search", None)
     attack = {k: worst[k] for k in ("grad_attack", "grad_attack_params", "bn_mean_attack", "bn_mean_attack_params",
                                     "bn_var_attack", "bn_var_attack_params") if worst.get(k) not in (None, {})}
     from .labels import attack_words
-    values["description"] = (f"robustbn evaluate: the worst attack its search found ({search_path.name}: trial "
-                             f"{worst['trial']}, {attack_words(worst)}), on the board's seeds, held out from the "
-                             f"search")
+    values["description"] = (f"The worst attack that robustbn attack-search {search_path.name} found (trial "
+                             f"{worst['trial']}, {attack_words(worst)}), on the board's seeds "
+                             f"{', '.join(map(str, BOARD_SEEDS))}, held out from the search's trials")
     return {**values, "seed": BOARD_SEEDS, **attack}
 
 

@@ -491,3 +491,22 @@ attacks = ["honest"]
     with Store(tmp_path / "s.sqlite", readonly=True) as store:
         rows = store.rows()
     assert rows and all(r["client_filter"] == "bnguard" and r["bn_var_attack"] == "honest" for r in rows)
+
+
+def test_confirm_writes_the_found_attack_on_the_held_out_seeds(tmp_path, capsys):
+    """--confirm FILE: the search's setting (its --set overrides included) with its worst trial's
+    attack, on seeds 0-4; running the file runs that attack there."""
+    from robustbn.matrix import expand, read
+
+    path = write(tmp_path, BASE + SPACE.format(seed=0))
+    confirm = tmp_path / "searched_worst_x.toml"
+    out = search(capsys, path, tmp_path / "s.sqlite", "--set", "lr=0.02", "--confirm", str(confirm))
+    worst = out["worst"]
+    values = read(confirm)
+    assert values["seed"] == [0, 1, 2, 3, 4] and values["lr"] == 0.02 and "search" not in values
+    assert values["grad_attack"] == worst["grad_attack"] and values["grad_attack_params"] == worst["grad_attack_params"]
+    scenarios = expand(values, str(confirm))
+    assert len(scenarios) == 5 and {s.seed for s in scenarios} == {0, 1, 2, 3, 4}
+    searched = read(path)
+    assert all(getattr(scenarios[0], k) == v for k, v in searched.items()
+               if k not in ("search", "seed", "lr", "description") and not k.endswith(("_attack", "_attack_params")))

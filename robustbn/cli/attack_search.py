@@ -40,6 +40,10 @@ def register(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field (TOML value, one value), repeatable")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="override the scenario's device")
+    p.add_argument("--confirm", metavar="FILE", default=None,
+                   help="once the search is done, write FILE: its worst attack at the search's setting on seeds 0-4 "
+                        "(held out from its trials), a scenario file for robustbn run (the board's "
+                        "scenarios/searched_worst_*.toml)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
                    help="write the running trial's checkpoint every K rounds (default: every 2 minutes; 0: never)")
@@ -77,6 +81,8 @@ def cmd_attack_search(args) -> int:
               f"search", file=sys.stderr)
         return code
     failed = outcome.count("failed")
+    if args.confirm:
+        _write_confirmation(args, values, outcome.as_json())
     if args.format == "json":
         print(summary(outcome), file=sys.stderr)
         print(json.dumps(strict_json(outcome.as_json()), indent=1, allow_nan=False))
@@ -85,3 +91,17 @@ def cmd_attack_search(args) -> int:
     print(f"{summary(outcome)}; results in {args.db}")
     print(worst_line(outcome))
     return 1 if failed else 0
+
+
+def _write_confirmation(args, values: dict, outcome_json: dict) -> None:
+    """--confirm FILE: the found attack on the held-out seeds (robustbn.evaluate.confirmation_values)."""
+    from pathlib import Path
+
+    from ..evaluate import confirmation_values, toml_text
+
+    confirm = confirmation_values(Path(args.file), outcome_json, values)
+    if confirm is None:
+        raise UsageError(f"--confirm {args.confirm}: the search has no finished trial, so no attack to confirm")
+    Path(args.confirm).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.confirm).write_text(toml_text(confirm), encoding="utf-8")
+    print(f"confirmation file: {args.confirm} (robustbn run it)", file=sys.stderr)
