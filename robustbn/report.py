@@ -37,7 +37,7 @@ from typing import Any
 
 from .labels import attack_short, attack_words, hashable, is_attack, norm_order, norm_words
 from .stats import CLIPPED_PERCENT_WORDS, DIVERGED_WORDS, MIN_PAIRS, PAIRED_WORDS, accuracy, too_few
-from .worst import BEST, SEARCHED, SEARCHED_PREFIX, TIED, matrix_rows, setting_groups, worst_case
+from .worst import BEST, SEARCHED, SEARCHED_PREFIX, TIED, WORSE, matrix_rows, setting_groups, worst_case
 
 CATALOGUE_MATRIX = "scenarios/worst_case_fmnist.toml"
 CLEAN_MATRIX = "scenarios/clean_worst_case_fmnist.toml"
@@ -192,6 +192,12 @@ def pick(rows: list[dict[str, Any]]) -> str:
     if best["verdict"] == TIED:
         tied = [best] + [r for r in ranked if r is not best and r["verdict"] == TIED]
         return f"no single pick, {len(tied)} tied for best: " + "; ".join(known(r) for r in tied)
+    tied = [r for r in ranked if r is not best and r["verdict"] == TIED]
+    if tied:  # the rows paired on enough seeds tie with the highest; a row with too few says so apart
+        few = [r for r in ranked if r is not best and r["verdict"] not in (TIED, WORSE)]
+        unsure = "; ".join(f"{r['defense']}: {r['verdict']}" for r in few)
+        return (f"no single pick, {len(tied) + 1} tied for best: " + "; ".join(known(r) for r in [best, *tied])
+                + (f" (not yet compared: {unsure})" if unsure else ""))
     return f"the highest worst case is {known(best)}; {best['verdict']}"
 
 

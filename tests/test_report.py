@@ -438,3 +438,17 @@ def test_the_robustness_section_maps_the_picks_at_their_tuned_values(tmp_path):
         assert cell.startswith("<b>use</b>") and f"{p['defense']} {100 * p['worst_acc']:.1f} (lr {p['lr']})" in cell
     assert page.count('<img alt="Worst case along gamma at f = 3') == 1
     assert robustness_html([], pending="Not run yet.") == "<p>Not run yet.</p>"
+
+
+def test_a_tie_is_named_while_another_row_lacks_seeds():
+    """The highest row's own verdict is "1 seed, no verdict" (one row has a single seed), yet the
+    rows paired with it on enough seeds are tied: the pick names the tied set, picks none, and
+    names the row not yet compared (it never says "use")."""
+    from robustbn.report import pick
+
+    row = lambda d, acc, verdict, seeds=5: {"defense": d, "worst_acc": acc, "ci_low": acc - 0.1,
+                                            "ci_high": acc + 0.1, "seeds": seeds, "verdict": verdict}
+    text = pick([row("arc", 0.48, "1 seed, no verdict"), row("cc", 0.34, "tied for best"),
+                 row("mean", 0.10, "1 seed, no verdict", seeds=1), row("dnc", 0.10, "worse")])
+    assert text.startswith("no single pick, 2 tied for best: arc (") and "cc (" in text
+    assert "not yet compared: mean: 1 seed, no verdict" in text and "use " not in text and "dnc" not in text
