@@ -31,6 +31,7 @@ import base64
 import html
 import io
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -299,7 +300,7 @@ padding:0;cursor:pointer;text-align:left;color:inherit}
 tr.entry:hover{background:#f7f7ff}tr.best{font-weight:bold}td.num{text-align:right;white-space:nowrap}
 tr.runs td{padding:0 8px;border:0}details table{font-size:12px;margin:0 0 8px 1em}
 table.heat td{text-align:center;min-width:5.5em}table.heat td small{display:block;color:#333;font-size:11px}
-img{max-width:100%;height:auto}code{font-size:13px}"""
+img{max-width:100%;height:auto}code{font-size:13px;overflow-wrap:anywhere}"""
 
 JS = """(function(){
   var table = document.getElementById('leaderboard');
@@ -437,8 +438,9 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
     from .worst import defense_map, map_panels, pick_head
 
     e = html.escape
-    if not curves:
-        return f"<p>{e(pending or 'No robustness curve run yet.')}</p>"
+    if not curves:  # the sentence is markdown: its `commands` and paths as code, which may wrap anywhere
+        text = re.sub(r"`([^`]+)`", r"<code>\1</code>", e(pending or "No robustness curve run yet."))
+        return f"<p>{text}</p>"
     xs, ys, panels = map_panels(defense_map(curves, "gamma", "f", tuned))
     out = []
     for norm, data, here in panels:

@@ -438,6 +438,8 @@ def test_the_robustness_section_maps_the_picks_at_their_tuned_values(tmp_path):
         assert cell.startswith("<b>use</b>") and f"{p['defense']} {100 * p['worst_acc']:.1f} (lr {p['lr']})" in cell
     assert page.count('<img alt="Worst case along gamma at f = 3') == 1
     assert robustness_html([], pending="Not run yet.") == "<p>Not run yet.</p>"
+    assert robustness_html([], pending="Run `robustbn tune a<b.toml`.") == \
+        "<p>Run <code>robustbn tune a&lt;b.toml</code>.</p>"
 
 
 def test_a_tie_is_named_while_another_row_lacks_seeds():
