@@ -300,7 +300,8 @@ padding:0;cursor:pointer;text-align:left;color:inherit}
 tr.entry:hover{background:#f7f7ff}tr.best{font-weight:bold}td.num{text-align:right;white-space:nowrap}
 tr.runs td{padding:0 8px;border:0}details table{font-size:12px;margin:0 0 8px 1em}
 table.heat td{text-align:center;min-width:5.5em}table.heat td small{display:block;color:#333;font-size:11px}
-img{max-width:100%;height:auto}code{font-size:13px;overflow-wrap:anywhere}"""
+img{max-width:100%;height:auto}code{font-size:13px;overflow-wrap:anywhere}
+.map small{display:block}.map th{white-space:nowrap}"""
 
 JS = """(function(){
   var table = document.getElementById('leaderboard');
