@@ -173,6 +173,7 @@ class Federation:
         # evaluation data: the global test set, or each client's own test split (FedBN's
         # personalized evaluation; under feature shift, seen through the client's transform)
         self.eval_x, self.eval_y = data.x_test, data.y_test
+        self._subset = None  # (size, x, y): eval_subset's examples, gathered once
         if self.protocol.personalized or self.shift is not None:
             splits = torch.as_tensor(client_test_splits(parts[: self.honest], data.y_train.cpu().numpy(),
                                                         data.y_test.cpu().numpy(), data.num_classes, sc.seed),
@@ -616,14 +617,21 @@ class Federation:
         total_loss = torch.zeros((), device=self.device)
         eval_x, eval_y = self.eval_x, self.eval_y
         if subset is not None and subset < len(eval_y):
-            pick = torch.randperm(len(eval_y), generator=torch.Generator().manual_seed(0))[:subset].to(self.device)
-            eval_x, eval_y = eval_x[pick], eval_y[pick]
+            eval_x, eval_y = self._eval_subset(subset)
         for start in range(0, len(eval_y), batch):
             x, y = eval_x[start : start + batch], eval_y[start : start + batch]
             out = torch.cat([functional_call(self.model, params, (x[i : i + chunk],)) for i in range(0, len(x), chunk)])
             correct += (out.argmax(1) == y).sum()
             total_loss += F.cross_entropy(out, y, reduction="sum")
         return correct / len(eval_y), total_loss / len(eval_y)
+
+    def _eval_subset(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `size` test examples of a permutation drawn once from seed 0: gathered at
+        the first evaluation that asks, kept for the others."""
+        if self._subset is None or self._subset[0] != size:
+            pick = torch.randperm(len(self.eval_y), generator=torch.Generator().manual_seed(0))[:size].to(self.device)
+            self._subset = (size, self.eval_x[pick], self.eval_y[pick])
+        return self._subset[1], self._subset[2]
 
     def pop_train_loss(self) -> torch.Tensor:
         loss = self.train_loss_sum / max(1, self.train_loss_rounds)

@@ -348,7 +348,7 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
             clean = [t for t in pts if t["no_attack_acc"] is not None]
             ax.plot([t[x] for t in clean], [t["no_attack_acc"] for t in clean], color=color, linestyle="--",
                     linewidth=1.0, marker="o", markersize=4, markerfacecolor="none")  # a lone point shows too
-            for t in known if tuned else ():
+            for t in known if tuned else ():  # each point's own tuned values beside it
                 ax.annotate(" ".join(f"{k} {t.get(k):g}" if isinstance(t.get(k), float) else f"{k} {t.get(k)}"
                                      for k in tuned), (t[x], t["worst_acc"]), xytext=(4, 4),
                             textcoords="offset points", fontsize=6, color=color, gid="tuned")
