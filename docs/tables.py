@@ -251,6 +251,7 @@ def curve_runs(x: str | None = None) -> list[dict]:
     return [r for r in runs if float(r[held]) == value]
 
 
+@cache  # four sections print it: the tuning file is expanded once
 def tuning_status() -> str:
     """How far the tuning and the tuned runs are, in one sentence (the curves' coverage)."""
     from robustbn.matrix import expand, read

@@ -19,6 +19,7 @@ import threading
 import time
 import traceback
 from collections import Counter, deque
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from multiprocessing.connection import wait
@@ -319,6 +320,25 @@ class RayOptions:
     retries: int = 3                # re-runs of a task whose worker died (crash, kill, lost node): they resume
 
 
+RAY_NICENESS = "RAY_worker_niceness"  # read by the raylet when it starts
+
+
+@contextmanager
+def ray_workers_at_normal_priority() -> Iterator[None]:
+    """Around the start of a Ray instance on this machine (ray.init without an address, Flower's
+    simulation runtime): its workers run at the priority of the process that starts them. Ray's
+    default niceness for workers is 15, and beside any busy process they starve: a run took 35x
+    longer beside two (benchmarks/ray_priority.py). A user's own RAY_worker_niceness stands,
+    and a cluster's workers are its own."""
+    given = os.environ.get(RAY_NICENESS)
+    os.environ[RAY_NICENESS] = given if given is not None else "0"
+    try:
+        yield
+    finally:
+        if given is None:
+            os.environ.pop(RAY_NICENESS, None)
+
+
 def _on_ray(todo: Todo, claim: Claim, opts: RayOptions, checkpointing: Checkpointing | None) -> Outcomes:
     try:
         import ray
@@ -329,7 +349,8 @@ def _on_ray(todo: Todo, claim: Claim, opts: RayOptions, checkpointing: Checkpoin
                             "(e.g. 0.25 runs four at once on each GPU)")
     owns_connection = not ray.is_initialized()
     if owns_connection:
-        ray.init(address=opts.address, include_dashboard=False, log_to_driver=False)
+        with ray_workers_at_normal_priority() if opts.address is None else nullcontext():
+            ray.init(address=opts.address, include_dashboard=False, log_to_driver=False)
     try:
         # A task's own exceptions come back as {"error": ...} (deterministic: no retry); Ray
         # retries only tasks whose worker died, and a retried task resumes from its checkpoint.

@@ -19,12 +19,11 @@ a rule meaning "any of". `description` is free text. Fields whose value is itsel
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from aggregators.plugins import add_search_path
 
@@ -92,12 +91,43 @@ def _rule_value(sc: Scenario, key: str) -> Any:
     return getattr(sc, key)
 
 
-def _matches(rule: dict[str, Any], combo: dict[str, Any]) -> bool:
-    sc = Scenario(**combo)
-    for key, wanted in rule.items():
-        if _rule_value(sc, key) not in alternatives(key, wanted):
-            return False
-    return True
+def _matches(rule: dict[str, Any], sc: Scenario) -> bool:
+    return all(_rule_value(sc, key) in alternatives(key, wanted) for key, wanted in rule.items())
+
+
+def _plain(key: str) -> bool:
+    """A rule's key whose value is the field's own (not a BN channel's, read through its shorthand)."""
+    return not any(key in (f"bn_mean_{part}", f"bn_var_{part}", f"bn_{part}") for part in PARTS)
+
+
+def _combinations(axes: dict[str, list], rules: list[dict]) -> Iterator[dict[str, Any]]:
+    """itertools.product of the axes in its order, less the combinations a rule excludes. A rule
+    on plain fields that are all axes prunes a partial combination as soon as its last field is
+    set (a large matrix is mostly excluded: its full product would be millions); the others are
+    checked on the whole combination."""
+    keys = list(axes)
+    early: dict[int, list[dict]] = {}
+    late = []
+    for rule in rules:
+        if all(_plain(k) and k in axes for k in rule):
+            level = max((keys.index(k) for k in rule), default=-1)
+            early.setdefault(level, []).append([(keys.index(k), alternatives(k, v)) for k, v in rule.items()])
+        else:
+            late.append(rule)
+    if -1 in early:  # an empty rule excludes everything
+        return
+    partials: list[tuple] = [()]
+    for level, key in enumerate(keys):
+        kills = early.get(level, [])
+        partials = [combo for p in partials for combo in (p + (option,) for option in axes[key])
+                    if not any(all(combo[i] in ok for i, ok in kill) for kill in kills)]
+    for combo in partials:
+        chosen = dict(zip(keys, combo))
+        if late:
+            sc = Scenario(**chosen)
+            if any(_matches(rule, sc) for rule in late):
+                continue
+        yield chosen
 
 
 def expand(values: dict[str, Any], source: str = "<scenario>") -> list[Scenario]:
@@ -121,10 +151,7 @@ def expand(values: dict[str, Any], source: str = "<scenario>") -> list[Scenario]
         if not options:
             raise MatrixError(f"{source}: key {key!r} is an empty list; give at least one value")
     scenarios = []
-    for combo in itertools.product(*axes.values()):
-        chosen = dict(zip(axes, combo))
-        if any(_matches(rule, chosen) for rule in rules):
-            continue
+    for chosen in _combinations(axes, rules):
         try:
             scenarios.append(Scenario.from_dict(chosen))
         except ScenarioError as e:

@@ -59,10 +59,15 @@ IMAGE_SHAPES = {"fashion-mnist": (1, 28, 10), "mnist": (1, 28, 10), "cifar10": (
 GIB = 2**30
 
 
-def type_names(annotation) -> set[str]:
+def type_names(annotation) -> frozenset[str]:
     """The type names of an annotation, written or evaluated: {"str", "None"} for `str | None`."""
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", None) or repr(annotation)
-    return set(re.findall(r"[A-Za-z_]+", text))
+    return _names_in(text)
+
+
+@functools.lru_cache(maxsize=4096)  # every field of every scenario a matrix expands asks again
+def _names_in(text: str) -> frozenset[str]:
+    return frozenset(re.findall(r"[A-Za-z_]+", text))
 
 
 def _integer(name: str, v, low: int, high: int | None = None, why: str = "") -> int:

@@ -120,10 +120,27 @@ def local_ray():
     RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before any test imports ray, which makes Ray pick the
     loopback address, as it does on macOS and Windows)."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
+    from robustbn.execute import ray_workers_at_normal_priority
+    with ray_workers_at_normal_priority():  # as robustbn's own local instance
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
     assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
     yield ray
     ray.shutdown()
+
+
+def test_ray_workers_of_a_local_instance_run_at_the_starting_process_priority(local_ray, monkeypatch):
+    """Ray's default worker niceness is 15 (a run beside busy processes starves): robustbn's
+    local instances start theirs at the driver's, unless the user set RAY_worker_niceness."""
+    from robustbn.execute import RAY_NICENESS, ray_workers_at_normal_priority
+    assert local_ray.get(local_ray.remote(lambda: os.nice(0)).remote()) == os.nice(0)
+    monkeypatch.delenv(RAY_NICENESS, raising=False)
+    with ray_workers_at_normal_priority():
+        assert os.environ[RAY_NICENESS] == "0"
+    assert RAY_NICENESS not in os.environ
+    monkeypatch.setenv(RAY_NICENESS, "7")
+    with ray_workers_at_normal_priority():
+        assert os.environ[RAY_NICENESS] == "7"
+    assert os.environ[RAY_NICENESS] == "7"
 
 
 def test_ray_executor_gives_the_local_results_bit_for_bit(tmp_path, local_ray, capsys, one_thread):
@@ -169,7 +186,7 @@ def _kill_first_task_worker(killed: list, stop: threading.Event, db: Path) -> No
 
 
 def test_ray_retries_a_killed_task_which_resumes_and_stores_each_run_once(tmp_path, local_ray, one_thread):
-    long_runs = TINY.replace("rounds = 6", "rounds = 300").replace("eval_every = 3", "eval_every = 100")
+    long_runs = TINY.replace("rounds = 6", "rounds = 120").replace("eval_every = 3", "eval_every = 60")
     _, scenarios = load(write(tmp_path, long_runs), ["norm=fbn", "bn_agg=median"])  # 2 runs (seeds)
     killed, stop = [], threading.Event()
     killer = threading.Thread(target=_kill_first_task_worker, args=(killed, stop, tmp_path / "ray.sqlite"))

@@ -1,5 +1,6 @@
 """Scenario matrices, the results store, and the CLI that ties them together."""
 
+import itertools
 import json
 import os
 import signal
@@ -10,10 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, strategies as st
 
 from robustbn.cli import main
 from robustbn.execute import run_matrix
 from robustbn.matrix import MatrixError, expand, load, parse_override
+from robustbn.scenario import ScenarioError
 from robustbn.store import Store, scenario_hash
 
 from matrices import TINY_RUN, shipped_matrix_files, torch_threads
@@ -61,6 +64,63 @@ def test_exclusion_reads_list_valued_fields_as_the_axes_do():
     assert [s.lr_milestones for s in one] == [[[20, 0.01]], [[30, 0.02]]]
     any_of = expand({"lr_milestones": schedules, "exclude": [{"lr_milestones": [[[10, 0.05]], [[30, 0.02]]]}]})
     assert [s.lr_milestones for s in any_of] == [[[20, 0.01]]]
+
+
+# axes a matrix varies (some combinations are no valid scenario: f = 0 under attack)
+AXES = {"norm": ["naive", "fbn", "fixbn"], "f": [0, 1, 2], "gamma": [0.0, 0.5], "grad_agg": ["mean", "nnm+trmean"],
+        "bn_mean_attack": ["honest", "sf", "bn-kl"], "bn_var_attack": ["honest", "bn-kl"],
+        "seed": [0, 1], "lr_milestones": [[[10, 0.05]], [[20, 0.01]]]}
+
+
+def reference_expand(values: dict) -> list[dict]:
+    """expand as written: the whole product, a combination dropped where a rule holds for the
+    scenario it would be (a BN channel's field read through its shorthand)."""
+    from robustbn.matrix import _rule_value, alternatives
+    from robustbn.scenario import Scenario
+    axes = {k: alternatives(k, v) for k, v in values.items() if k != "exclude"}
+    kept = []
+    for combo in itertools.product(*axes.values()):
+        sc = Scenario(**dict(zip(axes, combo)))
+        if not any(all(_rule_value(sc, k) in alternatives(k, v) for k, v in rule.items()) for rule in values["exclude"]):
+            kept.append(sc.validated().to_dict())
+    return kept
+
+
+@st.composite
+def matrices(draw):
+    keys = draw(st.lists(st.sampled_from(sorted(AXES)), min_size=1, max_size=6, unique=True))
+    values = {"n": 6, "f": 1, "rounds": 2, "dataset": "synthetic-images",
+              **{k: draw(st.lists(st.sampled_from(AXES[k]), min_size=2, max_size=3, unique_by=json.dumps)) for k in keys}}
+    # a rule names the matrix's axes (a value, or a list meaning any of) and now and then a field
+    # left at its default, or a BN channel's field read through its shorthand
+    fields = st.sampled_from(keys * 3 + ["n", "bn_agg", "momentum", "bn_attack", "bn_mean_attack", "bn_var_attack"])
+    options = {**AXES, "n": [6, 10], "bn_agg": ["mean", "median"], "momentum": [0.0, 0.9],
+               "bn_attack": ["honest", "sf", "bn-kl", None]}
+    rule = fields.flatmap(lambda k: st.tuples(st.just(k), st.one_of(
+        st.sampled_from(options[k]), st.lists(st.sampled_from(options[k]), min_size=1, max_size=2, unique_by=json.dumps))))
+    rule = st.lists(rule, min_size=1, max_size=3).map(dict)
+    values["exclude"] = draw(st.lists(rule, max_size=4))
+    return values
+
+
+@given(matrices())
+@example({"n": 6, "f": [1, 2], "norm": ["naive", "fbn"], "gamma": [0.0, 0.5], "seed": [0, 1],
+          "exclude": [{"norm": "fbn", "f": 1}, {"gamma": 0.5, "bn_mean_attack": "honest"}, {"seed": 1, "norm": "naive"}]})
+def test_pruned_expansion_equals_the_whole_product_filtered(values):
+    """expand prunes a partial combination as soon as a rule on plain axes holds for it: the
+    same scenarios, in the same order, as filtering the whole product."""
+    try:
+        wanted = reference_expand(values)
+    except ScenarioError:  # a combination the rules keep is no valid scenario: expand says so too
+        with pytest.raises(MatrixError, match="in the combination|key"):
+            expand(values)
+        return
+    try:
+        got = [s.to_dict() for s in expand(values)]
+    except MatrixError as e:
+        assert not wanted and "every combination is excluded" in str(e)
+        return
+    assert got == wanted
 
 
 @pytest.mark.parametrize("text, message", [

@@ -271,6 +271,7 @@ def run_scenario(sc: Scenario | dict, cpus: int | None = None, verbose: bool = F
     one CPU and one torch thread each): a runner.Result like `robustbn run`'s."""
     from flwr.simulation import run_simulation
 
+    from ..execute import ray_workers_at_normal_priority
     from ..runner import Result
     sc = (sc if isinstance(sc, Scenario) else Scenario.from_dict(sc)).validated()
     check_scenario(sc)
@@ -283,7 +284,7 @@ def run_scenario(sc: Scenario | dict, cpus: int | None = None, verbose: bool = F
     threads, pythonpath = torch.get_num_threads(), os.environ.get("PYTHONPATH")
     torch.set_num_threads(1)
     try:
-        with _quiet_flower(verbose):
+        with _quiet_flower(verbose), ray_workers_at_normal_priority():
             run_simulation(server_app(sc, out), client_app(sc), num_supernodes=sc.n, backend_config=backend,
                            verbose_logging=verbose)
     finally:
