@@ -327,8 +327,8 @@ RAY_NICENESS = "RAY_worker_niceness"  # read by the raylet when it starts
 def ray_workers_at_normal_priority() -> Iterator[None]:
     """Around the start of a Ray instance on this machine (ray.init without an address, Flower's
     simulation runtime): its workers run at the priority of the process that starts them. Ray's
-    default niceness for workers is 15, and beside any busy process they starve: a run took 35x
-    longer beside two (benchmarks/ray_priority.py). A user's own RAY_worker_niceness stands,
+    default niceness for workers is 15, and beside any busy process they starve: a matrix took
+    11-15x as long beside two to four (benchmarks/ray_priority.py). A user's own RAY_worker_niceness stands,
     and a cluster's workers are its own."""
     given = os.environ.get(RAY_NICENESS)
     os.environ[RAY_NICENESS] = given if given is not None else "0"

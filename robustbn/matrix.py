@@ -106,7 +106,7 @@ def _combinations(axes: dict[str, list], rules: list[dict]) -> Iterator[dict[str
     set (a large matrix is mostly excluded: its full product would be millions); the others are
     checked on the whole combination."""
     keys = list(axes)
-    early: dict[int, list[dict]] = {}
+    early: dict[int, list[list[tuple[int, list]]]] = {}  # the last axis a rule names -> its (axis, values)
     late = []
     for rule in rules:
         if all(_plain(k) and k in axes for k in rule):
