@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up (create or reuse .venv, install the project when pyproject.toml changed), then run:
 #   ./dev.sh demo [ARGS]   the main job: robustbn demo
-#   ./dev.sh test [ARGS]   the whole test suite (HYPOTHESIS_PROFILE=ci for >= 500 examples a property)
+#   ./dev.sh test [ARGS]   the whole test suite (HYPOTHESIS_PROFILE=ci: 500 examples a property)
 #   ./dev.sh docs          docs/results.md's tables and verdicts and docs/report/ from docs/results.csv
 #   ./dev.sh docs --check  exit non-zero where docs/results.md or docs/report/ is not what docs/results.csv gives
 #   ./dev.sh setup         only set up

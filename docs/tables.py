@@ -251,6 +251,17 @@ def curve_runs(x: str | None = None) -> list[dict]:
     return [r for r in runs if float(r[held]) == value]
 
 
+def runs_planned(path: str) -> int:
+    from robustbn.matrix import planned
+
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # as file_runs reads it: the same file, expanded once
+    try:
+        return planned(path)
+    finally:
+        os.chdir(cwd)
+
+
 @cache  # four sections print it: the tuning file is expanded once
 def tuning_status() -> str:
     """How far the tuning and the tuned runs are, in one sentence (the curves' coverage)."""
@@ -265,9 +276,9 @@ def tuning_status() -> str:
                 f"({reported} runs) "
                 f"(`robustbn run {TUNED_DIR}/tuned_*.toml`). Until then the curves and the map stand on no run.")
     done = {r["hash"] for r in file_runs(tuning_file())}
-    total = len(expand(read(ROOT / tuning_file()), tuning_file()))
+    total = runs_planned(tuning_file())  # expanded once, by file_runs
     reported = len(curve_runs())
-    planned = sum(len(expand(read(ROOT / f), f)) for f in tuned_files())
+    planned = sum(runs_planned(f) for f in tuned_files())
     return (f"Tuning: {len(done)} of {total} runs (`{tuning_file()}`); tuned points: {len(tuned_files())} files, "
             f"{reported} of their {planned} runs on seeds 0-4.")
 
@@ -567,13 +578,21 @@ def attacks_table(gamma) -> None:
     pivot(runs, lambda r: f"{r['norm']}, {setting_defense_words(r)}", attack_short)
 
 
+_SETTINGS: dict[str, str] = {}  # a stored run's hash -> its setting: the search tables compare every run per search
+
+
 def setting(r) -> str:
     """A run's setting: its scenario without the attack fields and the seed."""
     from robustbn.matrix import FIELDS
     from robustbn.worst import ATTACK_KEYS, NOT_SETTING
 
-    return json.dumps({k: v for k, v in r.items() if k in FIELDS and k not in ATTACK_KEYS and k not in NOT_SETTING},
-                      sort_keys=True, default=str)
+    if r.get("hash") in _SETTINGS:
+        return _SETTINGS[r["hash"]]
+    words = json.dumps({k: v for k, v in r.items() if k in FIELDS and k not in ATTACK_KEYS and k not in NOT_SETTING},
+                       sort_keys=True, default=str)
+    if r.get("hash"):
+        _SETTINGS[r["hash"]] = words
+    return words
 
 
 def same_attack(r, t) -> bool:

@@ -209,9 +209,10 @@ def read(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
 ANY_RUN_OF = ("seed", "device", "data_dir")
 
 
-# a row's scenario fields -> its cell, a file's values -> its cells: the docs read every row once per file
+# a row's scenario fields -> its cell, a file's values -> (its cells, its number of runs): the
+# docs read every row once per file
 _CELLS: dict[str, str | None] = {}
-_FILE_CELLS: dict[str, set] = {}
+_FILE_CELLS: dict[str, tuple[set, int]] = {}
 
 
 def _cell(fields: dict[str, Any]) -> str | None:
@@ -255,8 +256,18 @@ def runs_of(path: str | Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]
     values = read(path)
     if "search" in values:
         raise MatrixError(f"{path}: a search file, whose trials are no matrix's runs; give a scenario or matrix file")
+    cells, _ = _file_cells(values, path)
+    return [r for r in rows if _cell(r) in cells]
+
+
+def planned(path: str | Path) -> int:
+    """The number of runs scenario file `path` expands to (read once per process, with `runs_of`)."""
+    return _file_cells(read(path), path)[1]
+
+
+def _file_cells(values: dict[str, Any], path: str | Path) -> tuple[set, int]:
     key = json.dumps(values, sort_keys=True, default=str)
     if key not in _FILE_CELLS:
-        _FILE_CELLS[key] = {_cell(sc.to_dict()) for sc in expand(values, str(path))}
-    cells = _FILE_CELLS[key]
-    return [r for r in rows if _cell(r) in cells]
+        scenarios = expand(values, str(path))
+        _FILE_CELLS[key] = ({_cell(sc.to_dict()) for sc in scenarios}, len(scenarios))
+    return _FILE_CELLS[key]

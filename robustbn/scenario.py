@@ -70,6 +70,16 @@ def _names_in(text: str) -> frozenset[str]:
     return frozenset(re.findall(r"[A-Za-z_]+", text))
 
 
+def _copied(v):
+    """`v` with its lists and dicts copied (dataclasses.asdict's copy, for a scenario's plain
+    values, at a tenth of its cost: matrices and the docs make thousands)."""
+    if isinstance(v, dict):
+        return {k: _copied(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_copied(x) for x in v)
+    return v
+
+
 def _integer(name: str, v, low: int, high: int | None = None, why: str = "") -> int:
     """`v`, an integer in [low, high]; without a `high`, at most a signed 64-bit integer (what
     torch's sizes and SQLite's integers hold), named only when exceeded."""
@@ -283,7 +293,7 @@ class Scenario:
     def to_dict(self) -> dict[str, Any]:
         """The scenario's fields, without the optional ones it does not use (`UNUSED_WHEN_NONE`):
         of a validated scenario, the canonical dict its run hash is computed from."""
-        values = dataclasses.asdict(self)
+        values = {f.name: _copied(getattr(self, f.name)) for f in dataclasses.fields(self)}
         return {k: v for k, v in values.items() if not (k in UNUSED_WHEN_NONE and v is None)}
 
     @property

@@ -4,7 +4,8 @@ import sys
 import pytest
 from hypothesis import HealthCheck, settings
 
-# `ci`: the thorough profile .ci/run uses (>= 500 examples per property).
+# `ci`: the thorough profile .ci/run uses (500 examples per property; the property kit's sweep
+# over the registry caps it at 200: tests/test_aggregator_kit.py).
 settings.register_profile("ci", max_examples=500, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("default", deadline=None)

@@ -24,12 +24,14 @@ def check(*paths: Path, what: str = "--cog") -> subprocess.CompletedProcess:
 
 def test_results_md_is_what_results_csv_gives_and_a_stale_number_fails(tmp_path):
     text = RESULTS.read_text(encoding="utf-8")
-    # the first generated cell of the leaderboard, changed by a tenth of a point
+    # the leaderboard's block alone (the rest of the file is checked as shipped), its first
+    # generated cell changed by a tenth of a point
     start = text.index("<!-- [[[cog tables.leaderboard() ]]] -->")
-    match = re.compile(r"\| (\d+\.\d) \| \[").search(text, start)
-    value = match.group(1)
+    block = text[start:text.index("<!-- [[[end]]] -->", start) + len("<!-- [[[end]]] -->")]
+    match = re.compile(r"\| (\d+\.\d) \| \[").search(block)
     stale = tmp_path / "results.md"
-    stale.write_text(text[:match.start(1)] + f"{float(value) + 0.1:.1f}" + text[match.end(1):], encoding="utf-8")
+    stale.write_text(block[:match.start(1)] + f"{float(match.group(1)) + 0.1:.1f}" + block[match.end(1):] + "\n",
+                     encoding="utf-8")
     done = check(RESULTS, stale)  # one process: the runs are read once
     out = done.stdout + done.stderr
     assert done.returncode != 0 and f"Checking {stale}  (changed)" in out and "is stale" in out

@@ -145,7 +145,8 @@ def test_a_folder_in_the_checkpoints_place_costs_a_warning_not_the_run(tmp_path,
 
 # ---- real processes ---------------------------------------------------------------------
 
-LONG = TINY_RUN.replace("n = 4", "n = 6").replace("rounds = 6", "rounds = 200").replace(
+LONG_ROUNDS = 120  # long enough to be killed at round 60 (checkpoints every 10) with rounds left
+LONG = TINY_RUN.replace("n = 4", "n = 6").replace("rounds = 6", f"rounds = {LONG_ROUNDS}").replace(
     "eval_every = 3", "eval_every = 25") + """
 norm = "fbn"
 f = 1
@@ -296,7 +297,7 @@ def test_sigint_and_sigterm_checkpoint_and_exit_cleanly(how, code, reference, tm
     assert p.returncode == code
     assert "Traceback" not in err and f"stopped by {how}" in err
     stopped = {h: r for h, (s, r, _, _) in rows(db).items() if s == "running"}
-    assert len(stopped) == jobs and all(r is not None and 0 < r < 200 for r in stopped.values())
+    assert len(stopped) == jobs and all(r is not None and 0 < r < LONG_ROUNDS for r in stopped.values())
     done = subprocess.run(cli(*args), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert histories(db) == expected[jobs]
@@ -304,7 +305,7 @@ def test_sigint_and_sigterm_checkpoint_and_exit_cleanly(how, code, reference, tm
 
 
 def test_two_invocations_on_one_store_run_each_run_once(tmp_path):
-    (tmp_path / "m.toml").write_text(LONG.replace("rounds = 200", "rounds = 40") + "seed = [0, 1, 2, 3]\n")
+    (tmp_path / "m.toml").write_text(LONG.replace(f"rounds = {LONG_ROUNDS}", "rounds = 40") + "seed = [0, 1, 2, 3]\n")
     db = tmp_path / "s.sqlite"
     args = ("run", tmp_path / "m.toml", "--db", db, "--quiet")
     one_thread = {**os.environ, "OMP_NUM_THREADS": "1"}  # two processes on two cores, not oversubscribed
