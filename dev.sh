@@ -59,7 +59,7 @@ setup() {
     [ -z "$extras" ] || spec=".[$extras]"
     echo "dev.sh: installing robustbn${extras:+[$extras]} and its dependencies into $VENV (first time: a few minutes)" >&2
     install "$spec"
-    compile_imports
+    [ -z "$extras" ] || compile_imports  # the demo's three processes would not win back its 15-24 s
     echo "$want" > "$stamp"
   fi
 }
