@@ -228,6 +228,19 @@ def test_every_shipped_scenario_file_is_valid():
         assert values.get("description") and scenarios
 
 
+def test_planned_counts_a_files_runs_seeds_included_and_follows_an_edit(tmp_path):
+    """`planned` (the docs' run counts) counts runs, not the seed-free cells `runs_of` matches,
+    and a changed file is expanded again."""
+    from robustbn.matrix import planned
+
+    path = tmp_path / "m.toml"
+    path.write_text('dataset = "synthetic-images"\nn = 6\nf = 1\nrounds = 2\ngrad_agg = ["mean", "median"]\n'
+                    'seed = [0, 1, 2]\n')
+    assert planned(path) == len(load(path)[1]) == 6
+    path.write_text(path.read_text().replace("seed = [0, 1, 2]", "seed = [0, 1]"))
+    assert planned(path) == 4
+
+
 def test_toy_command_draws_the_figure(tmp_path, capsys):
     out = tmp_path / "toy.png"
     assert main(["toy", "--out", str(out)]) == 0
