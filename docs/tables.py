@@ -24,6 +24,7 @@ import re
 import sys
 import tempfile
 from collections import defaultdict
+from contextlib import chdir
 from functools import cache
 from pathlib import Path
 
@@ -183,12 +184,8 @@ def file_runs(path: str) -> tuple[dict, ...]:
     part: once per file)."""
     from robustbn.report import read_rows
 
-    cwd = os.getcwd()
-    os.chdir(ROOT)  # the files' paths as the page and the tables print them: relative to the repository
-    try:
+    with chdir(ROOT):  # the files' paths as the page and the tables print them: relative to the repository
         return tuple(read_rows(list(rows()), [path]))
-    finally:
-        os.chdir(cwd)
 
 
 @cache
@@ -254,12 +251,8 @@ def curve_runs(x: str | None = None) -> list[dict]:
 def runs_planned(path: str) -> int:
     from robustbn.matrix import planned
 
-    cwd = os.getcwd()
-    os.chdir(ROOT)  # as file_runs reads it: the same file, expanded once
-    try:
+    with chdir(ROOT):  # as file_runs reads it: the same file, expanded once
         return planned(path)
-    finally:
-        os.chdir(cwd)
 
 
 @cache  # four sections print it: the tuning file is expanded once
