@@ -60,6 +60,7 @@ def main():
     ap.add_argument("--n", type=int, nargs="+", default=[10, 50, 100])
     ap.add_argument("--d", type=int, nargs="+", default=[10**5, 10**6, 10**7])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rules", nargs="+", default=SPECS, help="pipeline specs (default: the table's fourteen)")
     ap.add_argument("--max-gib", type=float, default=None,
                     help="skip sizes whose estimated peak exceeds this (default: half the device's memory)")
     ap.add_argument("--device", nargs="+", default=["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
@@ -78,16 +79,16 @@ def main():
               + ("; peak memory / input size" if dev.type == "cuda" else "") + "\n")
         print("| rule | " + " | ".join(f"n={n}, d={d:.0e}" for n, d in sizes) + " |")
         print("|---|" + "---|" * len(sizes))
-        rows = {spec: [] for spec in SPECS}
+        rows = {spec: [] for spec in args.rules}
         for n, d in sizes:
             if n * d * 4 * PEAK_FACTOR / 2**30 > limit:
-                for spec in SPECS:
+                for spec in args.rules:
                     rows[spec].append("skip")
                 continue
             x = torch.randn(n, d, device=dev, generator=torch.Generator(dev).manual_seed(0))
             f = max(1, n // 10)  # 10% Byzantine: Krum after bucketing (s=2) still has n/2 > 2f + 2
             mean_s = None
-            for spec in SPECS:
+            for spec in args.rules:
                 rule = aggregators.build(spec, f=f, n=n)
                 s = time_call(lambda: rule(x), dev, args.repeats)
                 mean_s = mean_s or s
@@ -95,8 +96,10 @@ def main():
                 if dev.type == "cuda":
                     cell += f"; {peak_ratio(lambda: rule(x), x):.1f}x mem"
                 rows[spec].append(cell)
+                # one line per cell as it is measured: a run stopped at a time limit keeps them
+                print(f"# n={n} d={d:.0e} {spec}: {cell}", file=sys.stderr, flush=True)
             del x
-        for spec in SPECS:
+        for spec in args.rules:
             print(f"| {spec} | " + " | ".join(rows[spec]) + " |")
 
 

@@ -88,6 +88,7 @@ def main():
     ap.add_argument("--norms", nargs="+", default=["naive", "fbn", "fixbn", "hbn", "fedbn", "gn", "none", "fbn-scale",
                                                     "silobn", "fedtan", "fedwon", "central"])
     ap.add_argument("--n", type=int, default=10)
+    ap.add_argument("--agg", default="nnm+median", help="the pipeline on every channel")
     ap.add_argument("--f", type=int, default=3)
     ap.add_argument("--batch", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=5)
@@ -119,7 +120,7 @@ def main():
                     dataset=data.name, model=model, norm=norm, n=args.n - args.f + f, f=f, batch_size=args.batch,
                     momentum=0.9, rounds=10**6, grad_attack="alie" if f else "none",
                     bn_attack="sf" if protocol.sends_statistics and f else "none",
-                    grad_agg="nnm+median", bn_agg="nnm+median", partition="gamma", gamma=0.0, device=str(dev)))
+                    grad_agg=args.agg, bn_agg=args.agg, partition="gamma", gamma=0.0, device=str(dev)))
                 parts = partition(data.y_train.cpu().numpy(), sc.honest, "gamma", 0.0, seed=0)
                 fns.append(Federation(sc, data, parts).step)
                 # a protocol whose forwards pool statistics runs one path on every device

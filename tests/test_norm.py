@@ -213,7 +213,7 @@ def test_layer_on_cuda_reports_and_normalizes_as_on_the_cpu(mode):
         layer = make_norm(mode, 3).to(device)
         layer.running_mean.fill_(1.0)
         layer.running_var.fill_(4.0)
-        xd = x.to(device).requires_grad_()
+        xd = x.detach().to(device).requires_grad_()  # a leaf on both devices: its .grad is kept
         out = layer(xd)
         out.square().sum().backward()
         outs[device] = [t.cpu() for t in (out.detach(), *layer.batch_stats, xd.grad, layer.weight.grad)]
