@@ -248,11 +248,11 @@ def curve_runs(x: str | None = None) -> list[dict]:
     return [r for r in runs if float(r[held]) == value]
 
 
-def runs_planned(path: str) -> int:
+def runs_planned(path: str, attacked: bool = False) -> int:
     from robustbn.matrix import planned
 
     with chdir(ROOT):  # as file_runs reads it: the same file, expanded once
-        return planned(path)
+        return planned(path, attacked)
 
 
 @cache  # four sections print it: the tuning file is expanded once
@@ -268,12 +268,15 @@ def tuning_status() -> str:
                 f"{tuning} runs a grid value, {len(LR_GRID) * tuning} in all), then their tuned files run on seeds 0-4 "
                 f"({reported} runs) "
                 f"(`robustbn run {TUNED_DIR}/tuned_*.toml`). Until then the curves and the map stand on no run.")
-    done = {r["hash"] for r in file_runs(tuning_file())}
-    total = runs_planned(tuning_file())  # expanded once, by file_runs
+    from robustbn.labels import is_attack
+
+    done = {r["hash"] for r in file_runs(tuning_file()) if is_attack(r)}
+    total, attacked = runs_planned(tuning_file()), runs_planned(tuning_file(), attacked=True)  # expanded once
     reported = len(curve_runs())
     planned = sum(runs_planned(f) for f in tuned_files())
-    return (f"Tuning: {len(done)} of {total} runs (`{tuning_file()}`); tuned points: {len(tuned_files())} files, "
-            f"{reported} of their {planned} runs on seeds 0-4.")
+    return (f"Tuning: {len(done)} of at most {attacked} attacked runs (`{tuning_file()}`: {total} runs, of which "
+            f"the rule reads the attacked ones; pruning skips the rest of a point's attacks once it cannot be "
+            f"chosen); tuned points: {len(tuned_files())} files, {reported} of their {planned} runs on seeds 0-4.")
 
 
 def _curve_digest(lines: dict) -> str:

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from aggregators.plugins import add_search_path
 
-from .channels import BN_CHANNELS, PARTS
+from .channels import BN_CHANNELS, PARTS, expand_channels
 from .scenario import Scenario, ScenarioError
 from .store import scenario_dict
 
@@ -212,7 +212,7 @@ ANY_RUN_OF = ("seed", "device", "data_dir")
 # a row's scenario fields -> its cell, a file's values -> (its cells, its number of runs): the
 # docs read every row once per file
 _CELLS: dict[str, str | None] = {}
-_FILE_CELLS: dict[str, tuple[set, int]] = {}
+_FILE_CELLS: dict[str, tuple[set, int, int]] = {}
 
 
 def _cell(fields: dict[str, Any]) -> str | None:
@@ -256,18 +256,21 @@ def runs_of(path: str | Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]
     values = read(path)
     if "search" in values:
         raise MatrixError(f"{path}: a search file, whose trials are no matrix's runs; give a scenario or matrix file")
-    cells, _ = _file_cells(values, path)
+    cells = _file_cells(values, path)[0]
     return [r for r in rows if _cell(r) in cells]
 
 
-def planned(path: str | Path) -> int:
-    """The number of runs scenario file `path` expands to (read once per process, with `runs_of`)."""
-    return _file_cells(read(path), path)[1]
+def planned(path: str | Path, attacked: bool = False) -> int:
+    """The number of runs scenario file `path` expands to (read once per process, with `runs_of`);
+    `attacked`: only those some attack touches (robustbn.labels.is_attack), not the clean ones."""
+    return _file_cells(read(path), path)[2 if attacked else 1]
 
 
-def _file_cells(values: dict[str, Any], path: str | Path) -> tuple[set, int]:
+def _file_cells(values: dict[str, Any], path: str | Path) -> tuple[set, int, int]:
+    from .labels import is_attack
+
     key = json.dumps(values, sort_keys=True, default=str)
     if key not in _FILE_CELLS:
-        scenarios = expand(values, str(path))
-        _FILE_CELLS[key] = ({_cell(sc.to_dict()) for sc in scenarios}, len(scenarios))
+        dicts = [sc.to_dict() for sc in expand(values, str(path))]
+        _FILE_CELLS[key] = ({_cell(d) for d in dicts}, len(dicts), sum(is_attack(expand_channels(d)) for d in dicts))
     return _FILE_CELLS[key]

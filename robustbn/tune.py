@@ -7,18 +7,30 @@ matrix's attacks (robustbn.worst: the lowest mean over seeds, a diverged run at 
 chosen point is the highest score (ties: the first point of the grid), the max over the grid
 of the min over attacks. `tuned_files` writes, per defense, the matrix with its chosen point
 on the reporting seeds, which `robustbn run` then runs like any other file.
+
+Pruning (`Tuning`) runs fewer runs for the same choice. A point's score is the minimum over its
+attacks, so once the attacks it has finished already bring it below a finished point's score
+(or level with an earlier finished point's, which wins ties), it cannot be chosen: its other
+attacks are not run. The tuning runs in waves: first a defense's anchor point (the matrix's
+own value) in full, then each other point's attacks one at a time, the anchor's most harmful
+first, so that a point that cannot win is usually found out by its first attack. The clean
+runs are never run: the rule reads attacked runs only. The chosen point is the one the full
+grid gives (tested against it).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from pathlib import Path
 from typing import Any
 
-from .labels import hashable
+from .channels import expand_channels
+from .labels import hashable, is_attack
 from .matrix import FIELDS, MatrixError, read
-from .worst import ATTACK_KEYS, DEFENSE_FIELDS, RESULT, worst_case
+from .stats import by_seed
+from .worst import ATTACK_FIELDS, ATTACK_KEYS, DEFENSE_FIELDS, RESULT, worst_case
 
 TUNING_SEEDS = [10, 11]
 REPORT_SEEDS = [0, 1, 2, 3, 4]
@@ -48,8 +60,9 @@ def choose(rows: list[dict[str, Any]], grid: dict[str, list[Any]]) -> list[dict[
     """Per defense (a row of the worst-case table, the grid's fields aside): its worst case at
     each grid point and the chosen point, the max over the grid of the worst case over
     attacks. Each: norm, defense, server_data, scores ([{point, worst_acc, ci_low, ci_high,
-    seeds, worst_attack}] in grid order), chosen (the point), chosen_acc, setting (the
-    defense's fields, to write its tuned file)."""
+    seeds, worst_attack, attacks, pruned}] in grid order), chosen (the point), chosen_acc, setting (the
+    defense's fields, to write its tuned file). A score whose point ran fewer attacks than
+    another point of its defense is marked `pruned`: its worst case is over the attacks it ran."""
     points = grid_points(grid)
     table = worst_case(rows)
     keys = list(grid)
@@ -69,7 +82,10 @@ def choose(rows: list[dict[str, Any]], grid: dict[str, list[Any]]) -> list[dict[
             t = d["by_point"].get(tuple(repr(hashable(point[k])) for k in keys))
             scores.append({"point": point, "worst_acc": t and t["worst_acc"], "ci_low": t and t["ci_low"],
                            "ci_high": t and t["ci_high"], "seeds": t["seeds"] if t else 0,
-                           "worst_attack": t and t["worst_attack"]})
+                           "worst_attack": t and t["worst_attack"], "attacks": t["attacks"] if t else 0})
+        most = max(s["attacks"] for s in scores)
+        for s in scores:  # pruned (Tuning): fewer attacks than another point ran, its score an upper bound
+            s["pruned"] = 0 < s["attacks"] < most
         known = [s for s in scores if s["worst_acc"] is not None]
         best = max(known, key=lambda s: s["worst_acc"]) if known else None  # max keeps the first of equals
         out.append({"norm": d["norm"], "defense": d["defense"], "server_data": d["server_data"], "scores": scores,
@@ -111,3 +127,94 @@ def check_matrix(path: str | Path) -> dict[str, Any]:
     if "search" in values:
         raise TuneError(f"{path}: a search file; tune a matrix of defenses and attacks")
     return values
+
+
+def _key(row: dict[str, Any], fields) -> tuple:
+    return tuple(repr(hashable(row.get(k))) for k in fields)
+
+
+class Tuning:
+    """The attacked runs of a tuning file as the rule reads them, and how far they are.
+
+    `planned`: (hash, scenario dict) of every run of the tuning file; `grid`: the tuned fields'
+    values; `anchor`: the grid point run first in full (the matrix's own values where the grid
+    holds them). Runs group by defense (every field but the grid's, the attack's and the seed),
+    then grid point, then attack; each attack's seeds are its runs."""
+
+    def __init__(self, planned: list[tuple[str, dict[str, Any]]], grid: dict[str, list[Any]],
+                 anchor: dict[str, Any] | None = None):
+        self.points = grid_points(grid)
+        keys = list(grid)
+        index = {_key(p, keys): i for i, p in enumerate(self.points)}
+        self.anchor = index.get(_key(anchor or {}, keys), 0)
+        self.defenses: dict[tuple, list[dict[tuple, list[str]]]] = {}
+        self.planned = len(planned)
+        self.hashes: set[str] = set()  # the attacked runs: all the rule reads
+        for run_hash, sc in planned:
+            sc = expand_channels(sc)  # every channel's attack spelled out, as the store's rows
+            if not is_attack(sc):
+                continue  # clean runs: the rule reads attacked runs only
+            self.hashes.add(run_hash)
+            ident = _key(sc, sorted(k for k in sc if k not in keys and k not in ATTACK_KEYS and k != "seed"))
+            by_point = self.defenses.setdefault(ident, [{} for _ in self.points])
+            by_point[index[_key(sc, keys)]].setdefault(_key(sc, ATTACK_FIELDS), []).append(run_hash)
+
+    @property
+    def attacked(self) -> int:
+        return len(self.hashes)
+
+    @staticmethod
+    def _mean(hashes: list[str], finished: dict[str, dict[str, Any]]) -> float | None:
+        """An attack's mean accuracy over its seeds (as robustbn.worst pools it), None until every
+        seed has finished."""
+        if any(h not in finished for h in hashes):
+            return None
+        values = list(by_seed(finished[h] for h in hashes).values())
+        return math.fsum(values) / len(values)  # robustbn.stats.interval's mean, to the last bit
+
+    def state(self, finished: dict[str, dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+        """Per defense, per grid point: means ({attack: mean} of its finished attacks), bound
+        (the lowest of them: the point's score can only fall below it), complete, pruned."""
+        out = {}
+        for ident, by_point in self.defenses.items():
+            states = []
+            for attacks in by_point:
+                means = {a: m for a, hashes in attacks.items() if (m := self._mean(hashes, finished)) is not None}
+                states.append({"means": means, "bound": min(means.values()) if means else None,
+                               "complete": len(means) == len(attacks), "attacks": len(attacks), "pruned": False})
+            complete = [(i, st) for i, st in enumerate(states) if st["complete"] and st["bound"] is not None]
+            for i, st in enumerate(states):
+                if st["complete"] or st["bound"] is None:
+                    continue
+                # a finished point q wins over i whatever i's other attacks give: i's score <= bound
+                st["pruned"] = any(q["bound"] > st["bound"] or (q["bound"] == st["bound"] and j < i)
+                                   for j, q in complete)
+            out[ident] = states
+        return out
+
+    def next_wave(self, finished: dict[str, dict[str, Any]]) -> list[str]:
+        """The runs to do next: a defense's anchor point in full until it has finished, then one
+        attack (each seed) of each other point neither finished nor pruned, the attack that
+        did most harm at the best finished point first. Empty when the choice is settled."""
+        wave = []
+        for ident, states in self.state(finished).items():
+            by_point = self.defenses[ident]
+            todo = lambda hashes: [h for h in hashes if h not in finished]
+            complete = [i for i, st in enumerate(states) if st["complete"] and st["bound"] is not None]
+            if not complete:
+                wave += [h for hashes in by_point[self.anchor].values() for h in todo(hashes)]
+                continue
+            best = max(complete, key=lambda i: states[i]["bound"])  # max keeps the first of equals
+            harm = states[best]["means"]
+            for i, st in enumerate(states):
+                if st["complete"] or st["pruned"]:
+                    continue
+                left = sorted((a for a in by_point[i] if todo(by_point[i][a])), key=lambda a: (harm.get(a, 1.0), a))
+                if left:
+                    wave += todo(by_point[i][left[0]])
+        return wave
+
+    def settled(self, finished: dict[str, dict[str, Any]]) -> dict[tuple, bool]:
+        """Per defense: whether every grid point has finished or been pruned."""
+        return {ident: all(st["complete"] or st["pruned"] for st in states)
+                for ident, states in self.state(finished).items()}

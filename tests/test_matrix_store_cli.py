@@ -238,7 +238,9 @@ def test_planned_counts_a_files_runs_seeds_included_and_follows_an_edit(tmp_path
                     'seed = [0, 1, 2]\n')
     assert planned(path) == len(load(path)[1]) == 6
     path.write_text(path.read_text().replace("seed = [0, 1, 2]", "seed = [0, 1]"))
-    assert planned(path) == 4
+    assert planned(path) == 4 and planned(path, attacked=True) == 0  # f = 1, but nobody attacks
+    path.write_text(path.read_text() + 'grad_attack = ["alie", "none"]\n')
+    assert planned(path) == 8 and planned(path, attacked=True) == 4
 
 
 def test_toy_command_draws_the_figure(tmp_path, capsys):

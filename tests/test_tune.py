@@ -6,10 +6,15 @@ import statistics
 import tomllib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from robustbn.channels import expand_channels
 from robustbn.cli import main
 from robustbn.evaluate import toml_text
 from robustbn.matrix import expand, read
+from robustbn.store import scenario_hash
+from robustbn.tune import Tuning, choose
 
 from matrices import one_line_error
 
@@ -34,7 +39,7 @@ def test_tune_takes_the_max_over_the_grid_of_the_worst_case_over_attacks(matrix,
     assert main(argv) == 0
     out = capsys.readouterr()
     got = json.loads(out.out)
-    assert "2 grid points x 8 runs on seeds 10, 11: 16 runs, 16 to do" in out.err
+    assert "2 grid points x 8 runs on seeds 10, 11: 16 runs, of which the rule reads the 16 attacked" in out.err
     assert len(got["defenses"]) == 2
     # recomputed from the store: per defense and lr, the lowest mean over the seeds of an attack's final accuracy
     import sqlite3
@@ -65,7 +70,14 @@ def test_tune_takes_the_max_over_the_grid_of_the_worst_case_over_attacks(matrix,
     # the same command again: nothing runs, the same answer
     assert main(argv) == 0
     again = capsys.readouterr()
-    assert "16 runs, 0 to do" in again.err and json.loads(again.out) == got
+    assert "wave" not in again.err and json.loads(again.out) == got
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == len(runs)
+
+    # the whole grid (--full) chooses the same for every defense
+    assert main([*argv, "--full"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert [(d["defense"], d["chosen"]) for d in full["defenses"]] == [(d["defense"], d["chosen"]) for d in got["defenses"]]
 
 
 @pytest.mark.parametrize("args, words", [
@@ -102,3 +114,69 @@ def test_a_matrix_over_settings_is_tuned_point_by_point(tmp_path, capsys):
         assert {s.gamma for s in expand(values, d["file"])} == {values["gamma"]}
         assert len(expand(values, d["file"])) == 5
     assert gammas == {0.0, 1.0}
+
+
+# --- pruning: the same choice as the full grid, from fewer runs -------------------------------------------
+GRID = {"lr": [0.01, 0.05, 0.1]}
+SMALL = {"dataset": "synthetic-images", "model": "simple-cnn", "n": 7, "f": 2, "rounds": 8, "norm": "fbn",
+         "grad_agg": ["mean", "median", "trmean"], "bn_agg": "median", "grad_attack": ["alie", "ipm", "honest"],
+         "bn_mean_attack": ["honest", "sf"], "bn_var_attack": "honest", "seed": [10, 11], "lr": GRID["lr"]}
+PLANNED = [(scenario_hash(sc.to_dict()), expand_channels(sc.to_dict())) for sc in expand(SMALL, "small")]
+ACCS = [0.1, 0.3, 0.5, 0.7, None]  # None: the run diverged (counts at chance, 0.1)
+
+
+def _row(sc, acc):
+    return {**sc, "status": "diverged" if acc is None else "done", "final_acc": acc}
+
+
+@settings(max_examples=150, deadline=None)
+@given(accs=st.lists(st.sampled_from(ACCS), min_size=len(PLANNED), max_size=len(PLANNED)),
+       anchor=st.sampled_from(GRID["lr"]))
+def test_pruning_chooses_what_the_full_grid_chooses(accs, anchor):
+    """Whatever the runs give (few distinct values, so ties are common, and diverged runs): the
+    waves end with every point finished or pruned, and choose() on the runs they ran picks for
+    every defense the point it picks on every run of the grid."""
+    oracle = {h: _row(sc, acc) for (h, sc), acc in zip(PLANNED, accs)}
+    plan = Tuning(PLANNED, GRID, anchor={"lr": anchor})
+    finished, waves = {}, 0
+    while wave := plan.next_wave(finished):
+        assert not set(wave) & set(finished) and set(wave) <= plan.hashes
+        finished.update({h: oracle[h] for h in wave})
+        waves += 1
+        assert waves <= len(PLANNED)
+    assert all(plan.settled(finished).values())
+    pruned = {(d["defense"], d["chosen"]["lr"]) for d in choose(list(finished.values()), GRID)}
+    full = {(d["defense"], d["chosen"]["lr"]) for d in choose(list(oracle.values()), GRID)}
+    assert pruned == full
+    # the clean runs never run; the anchor always runs in full
+    assert not any(oracle[h]["grad_attack"] == "honest" and oracle[h]["bn_mean_attack"] == "honest" for h in finished)
+    assert all(h in finished for h, sc in PLANNED if sc["lr"] == anchor and h in plan.hashes)
+
+
+def test_a_point_below_a_finished_one_stops_after_its_first_attack():
+    """The anchor (lr 0.05) finishes at 0.5 (its worst attack: IPM); lr 0.01 gets 0.3 under IPM:
+    it cannot be chosen, so its other attack is not run. lr 0.1 gets 0.6 under IPM: it may
+    still win, so it runs on, and wins. Level with the anchor instead, it stops too: the
+    anchor comes first in the grid, and ties go to the first point."""
+    def tune(acc):
+        planned = [(h, sc) for h, sc in PLANNED if sc["grad_agg"] == "mean" and sc["bn_mean_attack"] == "honest"]
+        oracle = {h: _row(sc, acc[sc["lr"]].get(sc["grad_attack"])) for h, sc in planned}
+        plan = Tuning(planned, GRID, anchor={"lr": 0.05})
+        finished, waves = {}, []
+        while wave := plan.next_wave(finished):
+            waves.append(sorted((oracle[h]["lr"], oracle[h]["grad_attack"]) for h in wave))
+            finished.update({h: oracle[h] for h in wave})
+        assert all(plan.settled(finished).values())
+        (d,) = choose(list(finished.values()), GRID)
+        pruned = [s["pruned"] for s in next(iter(plan.state(finished).values()))]
+        assert [s["pruned"] for s in d["scores"]] == pruned  # what the command prints, from the runs alone
+        return waves, pruned, d["chosen"]
+
+    anchor = {"alie": 0.6, "ipm": 0.5}
+    waves, pruned, chosen = tune({0.05: anchor, 0.01: {"alie": 0.9, "ipm": 0.3}, 0.1: {"alie": 0.7, "ipm": 0.6}})
+    assert waves == [[(0.05, "alie")] * 2 + [(0.05, "ipm")] * 2,   # the anchor in full, both seeds
+                     [(0.01, "ipm")] * 2 + [(0.1, "ipm")] * 2,     # the anchor's most harmful attack first
+                     [(0.1, "alie")] * 2]
+    assert pruned == [True, False, False] and chosen == {"lr": 0.1}
+    waves, pruned, chosen = tune({0.05: anchor, 0.01: {"alie": 0.9, "ipm": 0.3}, 0.1: {"alie": 0.7, "ipm": 0.5}})
+    assert len(waves) == 2 and pruned == [True, False, True] and chosen == {"lr": 0.05}

@@ -22,6 +22,11 @@ def register(sub) -> None:
                                    "chosen point is the highest score (ties: the first in grid order), the max over "
                                    "the grid of the min over attacks. Then, per defense (and per point of the setting where MATRIX varies gamma, f, ...), DIR/tuned_<norm>_<defense>[_<point>].toml: "
                                    "the matrix at its chosen point on --report-seeds (default 0-4), for robustbn run. "
+                                   "Pruned (the default; --full runs the whole grid): a defense's anchor point (the "
+                                   "matrix's own value) runs first, then each other point one attack at a time, the "
+                                   "most harmful first, and a point stops once the attacks it has finished put it "
+                                   "below a finished point: it can no longer be chosen, so the choice is the full "
+                                   "grid's. Clean runs are left out (the rule reads attacked runs). "
                                    "Every run is in --db: the same command resumes.",
                        epilog="examples:\n  robustbn tune scenarios/worst_case_fmnist.toml --grid 'lr=[0.01,0.05,0.1]' "
                               "--set norm=fbn --jobs 2\n"
@@ -39,6 +44,7 @@ def register(sub) -> None:
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--plan", action="store_true", help="write the tuning file and count its runs, run nothing")
+    p.add_argument("--full", action="store_true", help="run every run of the tuning file (no pruning, clean runs too)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=cmd_tune)
 
@@ -53,6 +59,44 @@ def _seeds(text: str, flag: str) -> list[int]:
     return seeds
 
 
+def _pruned(plan, by_hash: dict, store, source: str, args):
+    """Run the tuning in waves (robustbn.tune.Tuning) until every defense's choice is settled.
+    Runs another process holds are waited for; a run that fails here is not retried."""
+    import time
+
+    from ..execute import Summary, run_matrix
+    from ..store import FINISHED
+
+    summary, failed, wave_no = Summary(), set(), 0
+    while True:
+        finished = {r["hash"]: r for r in store.rows(status=FINISHED) if r["hash"] in by_hash}
+        wave = [h for h in plan.next_wave(finished) if h not in failed]
+        if not wave:
+            return summary
+        wave_no += 1
+        if not args.quiet:
+            print(f"tune: wave {wave_no}, {len(wave)} runs", file=sys.stderr)
+        s = run_matrix([by_hash[h] for h in wave], store, source=source, jobs=args.jobs, progress=not args.quiet)
+        summary.total += s.total
+        summary.done += s.done
+        summary.taken += s.taken
+        summary.resumed += s.resumed
+        summary.failed += s.failed
+        failed |= {h for h, _ in s.failed}
+        if s.taken and not s.done and not s.failed:
+            time.sleep(30)  # another process shares the store and holds this wave's runs
+
+
+def _score_text(score: dict) -> str:
+    """A grid point's cell: its worst case (%), seeds, and for a pruned point '<=' and its attacks."""
+    if score["worst_acc"] is None:
+        return "-"
+    seeds = f"{score['seeds']} seed{'s' * (score['seeds'] != 1)}"
+    if score["pruned"]:
+        return f"<= {100 * score['worst_acc']:.1f} ({seeds}, pruned after {score['attacks']} attacks)"
+    return f"{100 * score['worst_acc']:.1f} ({seeds})"
+
+
 @fail_cleanly
 def cmd_tune(args) -> int:
     import json
@@ -61,8 +105,9 @@ def cmd_tune(args) -> int:
     from ..evaluate import toml_text
     from ..execute import pending, run_matrix
     from ..matrix import expand, parse_override, read, runs_of
-    from ..store import FINISHED, Store, strict_json
-    from ..tune import REPORT_SEEDS, TUNING_SEEDS, check_matrix, choose, grid_points, setting_fields, slug, tuned_values
+    from ..store import FINISHED, Store, scenario_hash, strict_json
+    from ..tune import (REPORT_SEEDS, TUNING_SEEDS, Tuning, check_matrix, choose, grid_points, setting_fields, slug,
+                        tuned_values)
 
     if not 1 <= args.jobs <= 512:
         raise UsageError(f"--jobs must be between 1 and 512, got {args.jobs}")
@@ -100,12 +145,23 @@ def cmd_tune(args) -> int:
     store = Store(args.db)
     try:
         todo, _, total = pending(scenarios, store, None, None)
-        print(f"tune: {len(points)} grid points x {total // len(points)} runs on seeds "
-              f"{', '.join(map(str, seeds))}: {total} runs, {len(todo)} to do ({tuning})", file=sys.stderr)
+        by_hash = {scenario_hash(sc.to_dict()): sc for sc in scenarios}
+        plan = Tuning([(h, sc.to_dict()) for h, sc in by_hash.items()], grid, anchor={k: values.get(k) for k in grid})
+        head = f"tune: {len(points)} grid points x {total // len(points)} runs on seeds {', '.join(map(str, seeds))}"
+        if args.full:
+            print(f"{head}: {total} runs, {len(todo)} to do ({tuning})", file=sys.stderr)
+        else:
+            left = sum(1 for h, _ in todo if h in plan.hashes)
+            print(f"{head}: {total} runs, of which the rule reads the {plan.attacked} attacked ones (clean runs are "
+                  f"left out); {left} of those not run yet, and pruning runs only what a choice still needs "
+                  f"({tuning})", file=sys.stderr)
         if args.plan:
             return 0
         try:
-            summary = run_matrix(scenarios, store, source=str(tuning), jobs=args.jobs, progress=not args.quiet)
+            if args.full:
+                summary = run_matrix(scenarios, store, source=str(tuning), jobs=args.jobs, progress=not args.quiet)
+            else:
+                summary = _pruned(plan, by_hash, store, str(tuning), args)
         except Interrupted as e:
             print(f"robustbn tune: stopped by {signal.Signals(e.signum).name}; the running runs are checkpointed in "
                   f"{checkpoint_dir(args.db)}; the same command resumes", file=sys.stderr)
@@ -138,8 +194,7 @@ def cmd_tune(args) -> int:
         for c in choices:
             row = {"norm": c["norm"], "defense": c["defense"], **c["at"]}
             for s in c["scores"]:
-                row[words(s["point"])] = "-" if s["worst_acc"] is None else \
-                    f"{100 * s['worst_acc']:.1f} ({s['seeds']} seed{'s' * (s['seeds'] != 1)})"
+                row[words(s["point"])] = _score_text(s)
             row["chosen"] = words(c["chosen"]) if c["complete"] else "incomplete"
             table.append(row)
         print(text_table(table, ["norm", "defense", *at_keys, *(words(p) for p in points), "chosen"]))
