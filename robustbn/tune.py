@@ -148,7 +148,6 @@ class Tuning:
         index = {_key(p, keys): i for i, p in enumerate(self.points)}
         self.anchor = index.get(_key(anchor or {}, keys), 0)
         self.defenses: dict[tuple, list[dict[tuple, list[str]]]] = {}
-        self.planned = len(planned)
         self.hashes: set[str] = set()  # the attacked runs: all the rule reads
         for run_hash, sc in planned:
             sc = expand_channels(sc)  # every channel's attack spelled out, as the store's rows
@@ -192,14 +191,15 @@ class Tuning:
             out[ident] = states
         return out
 
-    def next_wave(self, finished: dict[str, dict[str, Any]]) -> list[str]:
+    def next_wave(self, finished: dict[str, dict[str, Any]], skip: frozenset[str] = frozenset()) -> list[str]:
         """The runs to do next: a defense's anchor point in full until it has finished, then one
         attack (each seed) of each other point neither finished nor pruned, the attack that
-        did most harm at the best finished point first. Empty when the choice is settled."""
+        did most harm at the best finished point first. Empty when the choice is settled.
+        `skip`: runs not to offer again (they failed): a point goes on with its next attack."""
         wave = []
         for ident, states in self.state(finished).items():
             by_point = self.defenses[ident]
-            todo = lambda hashes: [h for h in hashes if h not in finished]
+            todo = lambda hashes: [h for h in hashes if h not in finished and h not in skip]
             complete = [i for i, st in enumerate(states) if st["complete"] and st["bound"] is not None]
             if not complete:
                 wave += [h for hashes in by_point[self.anchor].values() for h in todo(hashes)]

@@ -180,3 +180,14 @@ def test_a_point_below_a_finished_one_stops_after_its_first_attack():
     assert pruned == [True, False, False] and chosen == {"lr": 0.1}
     waves, pruned, chosen = tune({0.05: anchor, 0.01: {"alie": 0.9, "ipm": 0.3}, 0.1: {"alie": 0.7, "ipm": 0.5}})
     assert len(waves) == 2 and pruned == [True, False, True] and chosen == {"lr": 0.05}
+
+
+def test_a_run_that_failed_is_not_offered_again_and_its_point_goes_on():
+    planned = [(h, sc) for h, sc in PLANNED if sc["grad_agg"] == "mean" and sc["bn_mean_attack"] == "honest"]
+    lr = {h: sc["lr"] for h, sc in planned}
+    plan = Tuning(planned, GRID, anchor={"lr": 0.05})
+    finished = {h: _row(sc, 0.5) for h, sc in planned if sc["lr"] == 0.05}
+    second = plan.next_wave(finished)
+    failed = frozenset(h for h in second if lr[h] == 0.1)
+    third = plan.next_wave(finished, skip=failed)
+    assert not set(third) & failed and {lr[h] for h in third} == {0.01, 0.1}

@@ -70,7 +70,7 @@ def _pruned(plan, by_hash: dict, store, source: str, args):
     summary, failed, wave_no = Summary(), set(), 0
     while True:
         finished = {r["hash"]: r for r in store.rows(status=FINISHED) if r["hash"] in by_hash}
-        wave = [h for h in plan.next_wave(finished) if h not in failed]
+        wave = plan.next_wave(finished, frozenset(failed))
         if not wave:
             return summary
         wave_no += 1
