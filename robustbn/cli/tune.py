@@ -93,7 +93,7 @@ def _score_text(score: dict) -> str:
         return "-"
     seeds = f"{score['seeds']} seed{'s' * (score['seeds'] != 1)}"
     if score["pruned"]:
-        return f"<= {100 * score['worst_acc']:.1f} ({seeds}, pruned after {score['attacks']} attacks)"
+        return f"<= {100 * score['worst_acc']:.1f} ({seeds}, pruned after {score['attacks']} attack{'s' * (score['attacks'] != 1)})"
     return f"{100 * score['worst_acc']:.1f} ({seeds})"
 
 
