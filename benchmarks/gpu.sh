@@ -44,7 +44,7 @@ for part in "${parts[@]}"; do
             else echo "matrix: skipped, ROBUSTBN_DATA has no Fashion-MNIST"; fi ;;
   esac 2>&1 | tee "$out/$part.txt"
   rc=${PIPESTATUS[0]}
-  echo "== $part: exit $rc after $((SECONDS - start)) s$([ "$rc" = 124 ] && echo ", stopped at its cap")" | tee -a "$out/$part.txt" >&2
+  echo "== $part: exit $rc after $((SECONDS - start)) s$(case $rc in 124|137) echo ", stopped at its cap";; esac)" | tee -a "$out/$part.txt" >&2
   [ "$rc" = 0 ] || status=1
 done
 exit $status

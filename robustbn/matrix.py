@@ -230,7 +230,7 @@ def _cell(fields: dict[str, Any]) -> str | None:
     except (ValueError, TypeError):
         cell = None
     else:
-        cell = json.dumps({k: _number(v) for k, v in values.items() if k not in ANY_RUN_OF}, sort_keys=True,
+        cell = json.dumps({k: canonical(v) for k, v in values.items() if k not in ANY_RUN_OF}, sort_keys=True,
                           default=str)
     if key is not None:
         if len(_CELLS) > 100_000:
@@ -239,12 +239,12 @@ def _cell(fields: dict[str, Any]) -> str | None:
     return cell
 
 
-def _number(value: Any) -> Any:
+def canonical(value: Any) -> Any:
     """Numbers as floats, in parameters too: a row read back with gamma = 0 is the file's 0.0."""
     if isinstance(value, dict):
-        return {k: _number(v) for k, v in value.items()}
+        return {k: canonical(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_number(v) for v in value]
+        return [canonical(v) for v in value]
     return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 

@@ -24,12 +24,12 @@ import itertools
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .channels import expand_channels
 from .labels import hashable, is_attack
-from .matrix import FIELDS, MatrixError, read
-from .stats import by_seed
+from .matrix import FIELDS, MatrixError, canonical, read
+from .stats import by_seed, scenario_fields
 from .worst import ATTACK_FIELDS, ATTACK_KEYS, DEFENSE_FIELDS, RESULT, worst_case
 
 TUNING_SEEDS = [10, 11]
@@ -56,13 +56,15 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
 
-def choose(rows: list[dict[str, Any]], grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+def choose(rows: list[dict[str, Any]], grid: dict[str, list[Any]],
+           pruned: Callable[[dict[str, Any], int], bool] | None = None) -> list[dict[str, Any]]:
     """Per defense (a row of the worst-case table, the grid's fields aside): its worst case at
     each grid point and the chosen point, the max over the grid of the worst case over
     attacks. Each: norm, defense, server_data, scores ([{point, worst_acc, ci_low, ci_high,
     seeds, worst_attack, attacks, pruned}] in grid order), chosen (the point), chosen_acc, setting (the
-    defense's fields, to write its tuned file). A score whose point ran fewer attacks than
-    another point of its defense is marked `pruned`: its worst case is over the attacks it ran."""
+    defense's fields, to write its tuned file). `pruned(setting, i)`: whether grid point i of
+    a defense (a worst-case row) was pruned (Tuning.pruned): its score is the worst case over
+    the attacks it ran, and it is never chosen."""
     points = grid_points(grid)
     table = worst_case(rows)
     keys = list(grid)
@@ -74,20 +76,19 @@ def choose(rows: list[dict[str, Any]], grid: dict[str, list[Any]]) -> list[dict[
                       and not k.startswith("no_attack") and not k.startswith("gap") and k != "verdict")
         d = defenses.setdefault(ident, {"norm": t["norm"], "defense": t["defense"], "server_data": t["server_data"],
                                         "by_point": {}, "setting": t})
-        d["by_point"][tuple(repr(hashable(t.get(k))) for k in keys)] = t
+        d["by_point"][_key(t, keys)] = t
     out = []
     for d in defenses.values():
         scores = []
-        for point in points:
-            t = d["by_point"].get(tuple(repr(hashable(point[k])) for k in keys))
+        for i, point in enumerate(points):
+            t = d["by_point"].get(_key(point, keys))
             scores.append({"point": point, "worst_acc": t and t["worst_acc"], "ci_low": t and t["ci_low"],
                            "ci_high": t and t["ci_high"], "seeds": t["seeds"] if t else 0,
-                           "worst_attack": t and t["worst_attack"], "attacks": t["attacks"] if t else 0})
-        most = max(s["attacks"] for s in scores)
-        for s in scores:  # pruned (Tuning): fewer attacks than another point ran, its score an upper bound
-            s["pruned"] = 0 < s["attacks"] < most
+                           "worst_attack": t and t["worst_attack"], "attacks": t["attacks"] if t else 0,
+                           "pruned": bool(t and pruned and pruned(t, i))})
         known = [s for s in scores if s["worst_acc"] is not None]
-        best = max(known, key=lambda s: s["worst_acc"]) if known else None  # max keeps the first of equals
+        candidates = [s for s in known if not s["pruned"]]
+        best = max(candidates, key=lambda s: s["worst_acc"]) if candidates else None  # max keeps the first of equals
         out.append({"norm": d["norm"], "defense": d["defense"], "server_data": d["server_data"], "scores": scores,
                     "chosen": best and best["point"], "chosen_acc": best and best["worst_acc"],
                     "complete": len(known) == len(points), "setting": d["setting"]})
@@ -130,7 +131,8 @@ def check_matrix(path: str | Path) -> dict[str, Any]:
 
 
 def _key(row: dict[str, Any], fields) -> tuple:
-    return tuple(repr(hashable(row.get(k))) for k in fields)
+    """Values as the store holds them (1 and 1.0 alike), hashable."""
+    return tuple(repr(hashable(canonical(row.get(k)))) for k in fields)
 
 
 class Tuning:
@@ -144,19 +146,30 @@ class Tuning:
     def __init__(self, planned: list[tuple[str, dict[str, Any]]], grid: dict[str, list[Any]],
                  anchor: dict[str, Any] | None = None):
         self.points = grid_points(grid)
-        keys = list(grid)
+        self.keys = keys = list(grid)
         index = {_key(p, keys): i for i, p in enumerate(self.points)}
         self.anchor = index.get(_key(anchor or {}, keys), 0)
         self.defenses: dict[tuple, list[dict[tuple, list[str]]]] = {}
-        self.hashes: set[str] = set()  # the attacked runs: all the rule reads
-        for run_hash, sc in planned:
-            sc = expand_channels(sc)  # every channel's attack spelled out, as the store's rows
-            if not is_attack(sc):
-                continue  # clean runs: the rule reads attacked runs only
-            self.hashes.add(run_hash)
-            ident = _key(sc, sorted(k for k in sc if k not in keys and k not in ATTACK_KEYS and k != "seed"))
+        # every channel's attack spelled out, as the store's rows; clean runs left out: the rule
+        # reads attacked runs only
+        attacked = [(h, sc) for h, sc in ((h, expand_channels(sc)) for h, sc in planned) if is_attack(sc)]
+        self.hashes = {h for h, _ in attacked}
+        # a defense's fields: those of any planned run (a field at its default may be left out)
+        self.fields = [k for k in scenario_fields([sc for _, sc in attacked], ATTACK_KEYS) if k not in keys]
+        for run_hash, sc in attacked:
+            ident = self.identity(sc)
             by_point = self.defenses.setdefault(ident, [{} for _ in self.points])
             by_point[index[_key(sc, keys)]].setdefault(_key(sc, ATTACK_FIELDS), []).append(run_hash)
+
+    def identity(self, row: dict[str, Any]) -> tuple:
+        """A defense: the fields robustbn.worst makes a setting of (every scenario field but the
+        attack's and the seed), the grid's aside. Works on a store row and a worst-case row."""
+        return _key(row, self.fields)
+
+    def pruned(self, finished: dict[str, dict[str, Any]]) -> Callable[[dict[str, Any], int], bool]:
+        """choose()'s `pruned`: whether point i of the defense of a worst-case row is pruned."""
+        states = self.state(finished)
+        return lambda row, i: bool(states.get(self.identity(row), [{}] * len(self.points))[i].get("pruned"))
 
     @property
     def attacked(self) -> int:
@@ -202,7 +215,12 @@ class Tuning:
             todo = lambda hashes: [h for h in hashes if h not in finished and h not in skip]
             complete = [i for i, st in enumerate(states) if st["complete"] and st["bound"] is not None]
             if not complete:
-                wave += [h for hashes in by_point[self.anchor].values() for h in todo(hashes)]
+                # the anchor in full; a point with a failed run can never finish: the next point instead
+                for i in [self.anchor, *(i for i in range(len(self.points)) if i != self.anchor)]:
+                    runs = [h for hashes in by_point[i].values() for h in hashes]
+                    if not any(h in skip for h in runs):
+                        wave += [h for h in runs if h not in finished]
+                        break
                 continue
             best = max(complete, key=lambda i: states[i]["bound"])  # max keeps the first of equals
             harm = states[best]["means"]

@@ -70,9 +70,15 @@ def test_tune_takes_the_max_over_the_grid_of_the_worst_case_over_attacks(matrix,
     # the same command again: nothing runs, the same answer
     assert main(argv) == 0
     again = capsys.readouterr()
-    assert "wave" not in again.err and json.loads(again.out) == got
+    assert json.loads(again.out) == got
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == len(runs)
+
+    # runs of the same file on other seeds, in the same store, are no part of this tuning's answer
+    assert main([*argv, "--seeds", "12"]) == 0
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out) == got
 
     # the whole grid (--full) chooses the same for every defense
     assert main([*argv, "--full"]) == 0
@@ -145,9 +151,11 @@ def test_pruning_chooses_what_the_full_grid_chooses(accs, anchor):
         waves += 1
         assert waves <= len(PLANNED)
     assert all(plan.settled(finished).values())
-    pruned = {(d["defense"], d["chosen"]["lr"]) for d in choose(list(finished.values()), GRID)}
+    chosen = choose(list(finished.values()), GRID, plan.pruned(finished))
     full = {(d["defense"], d["chosen"]["lr"]) for d in choose(list(oracle.values()), GRID)}
-    assert pruned == full
+    assert {(d["defense"], d["chosen"]["lr"]) for d in chosen} == full
+    for d in chosen:  # complete, and the chosen point is never one that was pruned
+        assert d["complete"] and not next(s for s in d["scores"] if s["point"] == d["chosen"])["pruned"]
     # the clean runs never run; the anchor always runs in full
     assert not any(oracle[h]["grad_attack"] == "honest" and oracle[h]["bn_mean_attack"] == "honest" for h in finished)
     assert all(h in finished for h, sc in PLANNED if sc["lr"] == anchor and h in plan.hashes)
@@ -167,9 +175,9 @@ def test_a_point_below_a_finished_one_stops_after_its_first_attack():
             waves.append(sorted((oracle[h]["lr"], oracle[h]["grad_attack"]) for h in wave))
             finished.update({h: oracle[h] for h in wave})
         assert all(plan.settled(finished).values())
-        (d,) = choose(list(finished.values()), GRID)
+        (d,) = choose(list(finished.values()), GRID, plan.pruned(finished))
         pruned = [s["pruned"] for s in next(iter(plan.state(finished).values()))]
-        assert [s["pruned"] for s in d["scores"]] == pruned  # what the command prints, from the runs alone
+        assert [s["pruned"] for s in d["scores"]] == pruned  # what the command prints
         return waves, pruned, d["chosen"]
 
     anchor = {"alie": 0.6, "ipm": 0.5}
@@ -191,3 +199,24 @@ def test_a_run_that_failed_is_not_offered_again_and_its_point_goes_on():
     failed = frozenset(h for h in second if lr[h] == 0.1)
     third = plan.next_wave(finished, skip=failed)
     assert not set(third) & failed and {lr[h] for h in third} == {0.01, 0.1}
+
+
+def test_a_failed_anchor_run_hands_the_full_run_to_the_next_point():
+    planned = [(h, sc) for h, sc in PLANNED if sc["grad_agg"] == "mean" and sc["bn_mean_attack"] == "honest"]
+    lr = {h: sc["lr"] for h, sc in planned}
+    plan = Tuning(planned, GRID, anchor={"lr": 0.05})
+    first = plan.next_wave({})
+    failed = frozenset(first[:1])
+    again = plan.next_wave({h: _row({}, 0.5) for h in first[1:]}, skip=failed)
+    assert {lr[h] for h in again} == {0.01} and len(again) == 4  # the next point, every attack and seed
+
+
+def test_integer_grid_values_match_the_stored_floats():
+    """--grid 'lr=[1,0.1]': the scenarios hold 1.0; the grid's 1 is the same point."""
+    planned = [(scenario_hash(sc.to_dict()), expand_channels(sc.to_dict()))
+               for sc in expand({**SMALL, "lr": [1, 0.1]}, "ints")]
+    plan = Tuning(planned, {"lr": [1, 0.1]}, anchor={"lr": 1})
+    assert plan.anchor == 0 and all(len(points) == 2 and all(points) for points in plan.defenses.values())
+    finished = {h: _row(sc, 0.5) for h, sc in planned if h in plan.hashes}
+    assert plan.next_wave(finished) == []
+    assert all(d["complete"] and d["chosen"] == {"lr": 1} for d in choose(list(finished.values()), {"lr": [1, 0.1]}))

@@ -104,7 +104,7 @@ def cmd_tune(args) -> int:
     from ..checkpoint import Interrupted, checkpoint_dir
     from ..evaluate import toml_text
     from ..execute import pending, run_matrix
-    from ..matrix import expand, parse_override, read, runs_of
+    from ..matrix import expand, parse_override, read
     from ..store import FINISHED, Store, scenario_hash, strict_json
     from ..tune import (REPORT_SEEDS, TUNING_SEEDS, Tuning, check_matrix, choose, grid_points, setting_fields, slug,
                         tuned_values)
@@ -166,10 +166,11 @@ def cmd_tune(args) -> int:
             print(f"robustbn tune: stopped by {signal.Signals(e.signum).name}; the running runs are checkpointed in "
                   f"{checkpoint_dir(args.db)}; the same command resumes", file=sys.stderr)
             return 128 + e.signum
-        rows = runs_of(tuning, store.rows(status=FINISHED))
+        # exactly the tuning file's runs (its seeds, this device): what the pruning read
+        rows = [r for r in store.rows(status=FINISHED) if r["hash"] in by_hash]
     finally:
         store.close()
-    choices = choose(rows, grid)
+    choices = choose(rows, grid, None if args.full else plan.pruned({r["hash"]: r for r in rows}))
     written = []
     at_keys = setting_fields(values)  # gamma, f, ... where the matrix varies them: each point tuned apart
     for c in choices:
