@@ -111,8 +111,9 @@ def tuned_values(values: dict[str, Any], choice: dict[str, Any], seeds: list[int
 
 def setting_fields(values: dict[str, Any]) -> list[str]:
     """The fields a matrix varies that are neither the protocol, the defense, the attack nor the
-    seed (gamma, f, ...): each of their points is tuned on its own."""
-    return [k for k, v in values.items() if isinstance(v, list) and k not in ("seed", "norm")
+    seed (gamma, f, ...): each of their points is tuned on its own. A file's `exclude` list is
+    no field."""
+    return [k for k, v in values.items() if isinstance(v, list) and k in FIELDS and k not in ("seed", "norm")
             and k not in DEFENSE_FIELDS and k not in ATTACK_KEYS]
 
 

@@ -103,12 +103,15 @@ def test_a_matrix_over_settings_is_tuned_point_by_point(tmp_path, capsys):
     """gamma takes two values: each (defense, gamma) gets its own choice and its own tuned file,
     at that gamma only (one file per defense would let one point's choice overwrite another's)."""
     path = tmp_path / "curve.toml"
-    path.write_text(toml_text({**MATRIX, "gamma": [0.0, 1.0], "grad_agg": "median", "grad_attack": "nan"}))
+    # an exclude list (as scenarios/robustness_fmnist.toml has) is no setting to tune apart
+    path.write_text(toml_text({**MATRIX, "gamma": [0.0, 1.0], "grad_agg": "median", "grad_attack": ["nan", "inf"],
+                               "exclude": [{"grad_attack": "inf"}]}))
     argv = ["tune", str(path), "--grid", "lr=[0.0001,0.1]", "--db", str(tmp_path / "t.sqlite"), "--jobs", "2",
             "--quiet", "--format", "json"]
     assert main(argv) == 0
     got = json.loads(capsys.readouterr().out)
     assert sorted(d["at"]["gamma"] for d in got["defenses"]) == [0.0, 1.0]
+    assert all(set(d["at"]) == {"gamma"} for d in got["defenses"])
     files = [d["file"] for d in got["defenses"]]
     assert len(files) == 2 and len(set(files)) == 2
     gammas = set()
