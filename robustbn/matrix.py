@@ -28,6 +28,7 @@ from typing import Any, Iterator
 from aggregators.plugins import add_search_path
 
 from .channels import BN_CHANNELS, PARTS, expand_channels
+from .labels import is_attack
 from .scenario import Scenario, ScenarioError
 from .store import scenario_dict
 
@@ -267,8 +268,6 @@ def planned(path: str | Path, attacked: bool = False) -> int:
 
 
 def _file_cells(values: dict[str, Any], path: str | Path) -> tuple[set, int, int]:
-    from .labels import is_attack
-
     key = json.dumps(values, sort_keys=True, default=str)
     if key not in _FILE_CELLS:
         dicts = [sc.to_dict() for sc in expand(values, str(path))]

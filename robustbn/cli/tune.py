@@ -62,6 +62,7 @@ def _seeds(text: str, flag: str) -> list[int]:
 def _pruned(plan, by_hash: dict, store, source: str, args):
     """Run the tuning in waves (robustbn.tune.Tuning) until every defense's choice is settled.
     Runs another process holds are waited for; a run that fails here is not retried."""
+    import dataclasses
     import time
 
     from ..execute import Summary, run_matrix
@@ -77,11 +78,8 @@ def _pruned(plan, by_hash: dict, store, source: str, args):
         if not args.quiet:
             print(f"tune: wave {wave_no}, {len(wave)} runs", file=sys.stderr)
         s = run_matrix([by_hash[h] for h in wave], store, source=source, jobs=args.jobs, progress=not args.quiet)
-        summary.total += s.total
-        summary.done += s.done
-        summary.taken += s.taken
-        summary.resumed += s.resumed
-        summary.failed += s.failed
+        for f in dataclasses.fields(Summary):  # the waves' summaries added up
+            setattr(summary, f.name, getattr(summary, f.name) + getattr(s, f.name))
         failed |= {h for h, _ in s.failed}
         if s.taken and not s.done and not s.failed:
             time.sleep(30)  # another process shares the store and holds this wave's runs
