@@ -134,6 +134,8 @@ class Federation:
         memory for hundreds or thousands of clients; the results do not change)."""
         self.sc, self.data, self.client_chunk = sc, data, client_chunk
         self.device = torch.device(sc.device)
+        if self.device.type == "cuda":  # one seed, one run: cuDNN's default convolution backward sums with atomics
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
         self.vectorized = self.device.type != "cpu" if vectorized is None else vectorized
         self.protocol = get_protocol(sc.norm).for_scenario(sc)
         # rows that compute, in this order: the honest clients (one union-batch client for the
