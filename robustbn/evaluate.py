@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .matrix import MatrixError, expand, read
+from .matrix import MatrixError, carried_search_path, expand, read
 from .report import (CATALOGUE_MATRIX, CLEAN_MATRIX, ROOT_FREE, TRUSTED, Board, default_matrices, leaderboard, read_rows,
                      threat)
 from .stats import distinct, paired, too_few
@@ -239,7 +239,7 @@ def make_plan(root: Path, workdir: Path, defense: Defense, protocols: list[str] 
     for norm in plan.protocols:
         for name, values in stage_values(root, defense, norm, overrides or {}, trials).items():
             path = workdir / f"{name}_{norm}.toml"
-            text = toml_text(values)
+            text = toml_text(carried_search_path(values, Path.cwd(), workdir))
             if not path.is_file() or path.read_text(encoding="utf-8") != text:
                 path.write_text(text, encoding="utf-8")
             if name == "search":
@@ -511,7 +511,8 @@ def execute(plan: Plan, store, jobs: int = 1, progress: bool = True, checkpoint_
         if values is None:
             failures.append(f"{s.path}: no trial finished, so no attack to confirm")
             continue
-        confirm.path.write_text(toml_text(values), encoding="utf-8")
+        confirm.path.write_text(toml_text(carried_search_path(values, s.path.parent, confirm.path.parent)),
+                                encoding="utf-8")
         log(f"{norm}: the found attack on seeds {', '.join(map(str, BOARD_SEEDS))}: {confirm.path}")
         summary = run_matrix(expand(values, str(confirm.path)), store, source=str(confirm.path), jobs=jobs,
                              progress=progress, checkpoint_every=checkpoint_every)
@@ -679,7 +680,7 @@ def attack_plan(root: Path, workdir: Path, attack: UserAttack, protocols: list[s
             name += "_"
         names.add(name)
         path = workdir / f"{name}.toml"
-        text = toml_text(values)
+        text = toml_text(carried_search_path(values, Path.cwd(), workdir))
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
         todo, _, total = pending(expand(read(path), str(path)), store, None, None)

@@ -5,6 +5,10 @@ file expands into the cartesian product of its axes. `exclude` rules (an array o
 drop combinations: a combination is dropped when it matches every key of a rule, a list in
 a rule meaning "any of". `description` is free text. Fields whose value is itself a list
 (lr_milestones) or a table (*_params) become axes when given as a list of such values.
+`module:Name` references (a user's rule, attack, protocol, model or dataset) are found beside
+the file first, then in the directories of `search_path` (relative to the file), then on
+sys.path; a file that robustbn writes from another (tune's, attack-search's, evaluate's) names
+where its source found them.
 
     description = "FBN vs naive BN under attack"
     dataset = "fashion-mnist"
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -35,7 +40,7 @@ from .store import scenario_dict
 FIELDS = {f.name: f for f in dataclasses.fields(Scenario)}
 LIST_VALUED = {"lr_milestones"}  # a plain value of these is already a list
 TABLE_VALUED = {name for name in FIELDS if name.endswith("_params")}
-SPECIAL = {"description", "exclude"}
+SPECIAL = {"description", "exclude", "search_path"}
 
 
 class MatrixError(ValueError):
@@ -138,7 +143,7 @@ def expand(values: dict[str, Any], source: str = "<scenario>") -> list[Scenario]
         raise MatrixError(f"{source}: a search file (its [search] table); run it with `robustbn attack-search`")
     if unknown:
         raise MatrixError(f"{source}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(FIELDS))}, "
-                          f"and 'description', 'exclude'")
+                          f"and 'description', 'exclude', 'search_path'")
     rules = values.get("exclude", [])
     if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
         raise MatrixError(f"{source}: 'exclude' must be an array of tables ([[exclude]] blocks)")
@@ -201,8 +206,54 @@ def read(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
         if key not in FIELDS:
             raise MatrixError(f"--set {key}: unknown key; allowed: {', '.join(sorted(FIELDS))}")
         values[key] = value
-    add_search_path(path.resolve().parent)  # `module:Name` references: beside the file first
+    dirs = _search_dirs(values.get("search_path", []), path)
+    if dirs:
+        values["search_path"] = [str(d) for d in dirs]
+    add_search_path(path.resolve().parent, *dirs)  # `module:Name` references: beside the file first
     return values
+
+
+def _search_dirs(given: Any, path: Path) -> list[Path]:
+    """A file's `search_path`: one directory or a list, each relative to the file, each existing."""
+    dirs = [given] if isinstance(given, str) else given
+    if not isinstance(dirs, list) or not all(isinstance(d, str) and d for d in dirs):
+        raise MatrixError(f"{path}: 'search_path' must be a directory or a list of directories (strings, relative "
+                          f"to the file), got {given!r}")
+    out = []
+    for d in dirs:
+        full = (path.resolve().parent / d).resolve()
+        if not full.is_dir():
+            raise MatrixError(f"{path}: search_path {d!r}: no such directory ({full})")
+        out.append(full)
+    return out
+
+
+def _names_a_module(value: Any) -> bool:
+    if isinstance(value, str):
+        return ":" in value
+    if isinstance(value, list):
+        return any(_names_a_module(v) for v in value)
+    if isinstance(value, dict):
+        return any(_names_a_module(v) for v in value.values())
+    return False
+
+
+def carried_search_path(values: dict[str, Any], found_in: str | Path, target_dir: str | Path) -> dict[str, Any]:
+    """`values` for a file to be written in `target_dir`, whose `module:Name` references were
+    found in `found_in` (the source file's directory, or the working directory) and in its
+    `search_path`: those directories, relative to `target_dir` (absolute where they share
+    only the root), as the new file's
+    `search_path`. Values that name no module of a user's are returned as they are."""
+    named = {k: v for k, v in values.items() if (k in FIELDS or k == "exclude") and k not in ("device", "data_dir")}
+    if not any(_names_a_module(v) for v in named.values()):
+        return values
+    target = Path(target_dir).resolve()
+    dirs = [Path(found_in).resolve(), *map(Path, values.get("search_path", []))]
+    # relative where the two share more than the root (a repository moves whole), else absolute
+    rel = [os.path.relpath(d, target) if os.path.commonpath([d, target]) != d.anchor else str(d)
+           for d in dict.fromkeys(dirs) if d != target]
+    carried = {k: v for k, v in values.items() if k != "search_path"}
+    return {**carried, "search_path": rel} if rel else carried
 
 
 # the fields in which a run may differ from a scenario of a file and still be one of the

@@ -348,9 +348,12 @@ def test_a_users_attack_is_searched_and_a_failing_trial_is_stored_failed(tmp_pat
     path = write(tmp_path, BASE + '[search]\ntrials = 6\n[search.grad]\nattacks = ["boomattack:Boom"]\n'
                            '[search.grad."boomattack:Boom"]\nfactor = [0.0, 10.0]\n')
     db = tmp_path / "s.sqlite"
-    code = main(["attack-search", str(path), "--db", str(db), "--quiet", "--format", "json"])
+    confirm = tmp_path / "found" / "worst.toml"
+    code = main(["attack-search", str(path), "--db", str(db), "--quiet", "--format", "json", "--confirm", str(confirm)])
     out = capsys.readouterr()
     result = json.loads(out.out)
+    # written elsewhere, the confirmation file says where the user's attack module is
+    assert tomllib.loads(confirm.read_text())["search_path"] == [".."] and "boomattack:Boom" in confirm.read_text()
     with Store(db, readonly=True) as store:
         rows = store.rows()
     failed = [r for r in rows if r["status"] == "failed"]

@@ -3,6 +3,10 @@ a scenario file beside their module or registered in Python, run like the built-
 process, in `--jobs` workers and in Ray tasks; every bad reference is one line and exit 2."""
 
 import importlib
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -123,6 +127,46 @@ def test_a_users_rule_and_attack_run_alike_in_ray_tasks(user_dir, local_ray, cap
         assert run(file, "--db", tmp / "here.sqlite") == 0
     assert run(file, "--db", tmp / "ray.sqlite", "--executor", "ray") == 0
     assert by_seed(tmp / "ray.sqlite") == by_seed(tmp / "here.sqlite")
+
+
+def test_a_files_search_path_finds_a_users_modules_in_another_directory(user_dir, capsys):
+    """`search_path` (relative to the file): the modules live elsewhere, in-process and in workers."""
+    tmp, rules, atks = user_dir
+    (tmp / "runs").mkdir()
+    file = tmp / "runs" / "mine.toml"
+    file.write_text(MATRIX.format(attack=f"{atks}:Shift", agg=f"nnm+{rules}:MyTrimmedMean") + 'search_path = ".."\n')
+    assert run(file, "--db", tmp / "jobs.sqlite", "--jobs", "2") == 0
+    assert "2 runs: 2 ran" in capsys.readouterr().out
+    file.write_text(file.read_text().replace('search_path = ".."', 'search_path = ["../nowhere"]'))
+    assert run(file, "--db", tmp / "bad.sqlite") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "mine.toml: search_path '../nowhere': no such directory" in err, err
+
+
+def test_files_tune_writes_elsewhere_find_the_users_modules_from_any_directory(user_dir, capsys):
+    """A user's defense gets the same treatment: tune's tuning file and tuned files, written in
+    another directory, name where the matrix found its modules (a fresh process, run from /,
+    resolves them: nothing is imported already)."""
+    tmp, rules, atks = user_dir
+    file = Path(matrix(tmp / "mine.toml", f"{atks}:Shift", f"nnm+{rules}:MyTrimmedMean"))
+    file.write_text(file.read_text().replace("seed = [0, 1]\n", "seed = 0\n"))
+    out = tmp / "tuned" / "deep"
+    with torch_threads(1):
+        assert main(["tune", str(file), "--grid", "lr=[0.05,0.1]", "--seeds", "7", "--report-seeds", "0",
+                     "--db", str(tmp / "t.sqlite"), "--out", str(out), "--quiet"]) == 0
+    written = sorted(out.glob("*.toml"))
+    assert [p.name.split("_")[0] for p in written] == ["tune", "tuned"]
+    for path in written:
+        assert tomllib.loads(path.read_text())["search_path"] == ["../.."]
+        listed = subprocess.run([sys.executable, "-m", "robustbn.cli", "list", str(path)], capture_output=True,
+                                text=True, cwd="/")
+        assert listed.returncode == 0 and "scenario" in listed.stdout, listed.stderr  # resolved: listed
+    # a matrix of built-ins only carries no search_path
+    plain = tmp / "plain.toml"
+    plain.write_text(MATRIX.format(attack="alie", agg="nnm+trmean").replace("grad_attack_params = { delta = 0.5 }\n", ""))
+    assert main(["tune", str(plain), "--grid", "lr=[0.05,0.1]", "--db", str(tmp / "p.sqlite"), "--out",
+                 str(out / "plain"), "--plan"]) == 0
+    assert "search_path" not in (out / "plain" / "tune_plain.toml").read_text()
 
 
 @pytest.mark.parametrize("key, value, says", [

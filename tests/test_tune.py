@@ -99,6 +99,16 @@ def test_bad_tune_input_gets_one_line(matrix, tmp_path, capsys, args, words):
     one_line_error(capsys, code, *words)
 
 
+def test_an_lr_grid_under_absolute_milestones_says_which_rounds_it_tunes(tmp_path, capsys):
+    path = tmp_path / "m.toml"
+    path.write_text(toml_text({**MATRIX, "lr_milestones": [[5, 0.01]]}))
+    assert main(["tune", str(path), "--db", str(tmp_path / "t.sqlite"), "--grid", "lr=[0.1,0.2]", "--plan"]) == 0
+    assert "lr_milestones = [[5, 0.01]], so --grid lr changes the learning rate of rounds 1-4 only" in \
+        capsys.readouterr().err
+    assert main(["tune", str(path), "--db", str(tmp_path / "t.sqlite"), "--grid", "momentum=[0.0,0.9]", "--plan"]) == 0
+    assert "lr_milestones" not in capsys.readouterr().err
+
+
 def test_a_matrix_over_settings_is_tuned_point_by_point(tmp_path, capsys):
     """gamma takes two values: each (defense, gamma) gets its own choice and its own tuned file,
     at that gamma only (one file per defense would let one point's choice overwrite another's)."""

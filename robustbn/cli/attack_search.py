@@ -98,10 +98,12 @@ def _write_confirmation(args, values: dict, outcome_json: dict) -> None:
     from pathlib import Path
 
     from ..evaluate import confirmation_values, toml_text
+    from ..matrix import carried_search_path
 
     confirm = confirmation_values(Path(args.file), outcome_json, values)
     if confirm is None:
         raise UsageError(f"--confirm {args.confirm}: the search has no finished trial, so no attack to confirm")
     Path(args.confirm).parent.mkdir(parents=True, exist_ok=True)
+    confirm = carried_search_path(confirm, Path(args.file).resolve().parent, Path(args.confirm).parent)
     Path(args.confirm).write_text(toml_text(confirm), encoding="utf-8")
     print(f"confirmation file: {args.confirm} (robustbn run it)", file=sys.stderr)

@@ -102,7 +102,7 @@ def cmd_tune(args) -> int:
     from ..checkpoint import Interrupted, checkpoint_dir
     from ..evaluate import toml_text
     from ..execute import pending, run_matrix
-    from ..matrix import expand, parse_override, read
+    from ..matrix import carried_search_path, expand, parse_override, read
     from ..store import FINISHED, Store, scenario_hash, strict_json
     from ..tune import (REPORT_SEEDS, TUNING_SEEDS, Tuning, check_matrix, choose, grid_points, setting_fields, slug,
                         tuned_values)
@@ -126,8 +126,15 @@ def cmd_tune(args) -> int:
     if clash:
         raise UsageError(f"--grid {clash[0]}: {args.matrix} already varies it ({values[clash[0]]!r}); tune a field "
                          f"it holds one value of (or --set {clash[0]}=... first)")
+    milestones = values.get("lr_milestones") or []
+    starts = [m[0] for m in milestones if isinstance(m, list) and m and isinstance(m[0], int)]
+    if "lr" in grid and starts:  # absolute rates from the first milestone on: the grid would tune a warm-up only
+        print(f"tune: note: {args.matrix} sets lr_milestones = {milestones!r}, so --grid lr changes the learning rate "
+              f"of rounds 1-{min(starts) - 1} only; to tune the whole schedule, grid lr_milestones as well or "
+              f"--set 'lr_milestones=[]'", file=sys.stderr)
     out = Path(args.out) if args.out else Path(args.db).parent / "tune" / Path(args.matrix).stem
     out.mkdir(parents=True, exist_ok=True)
+    values = carried_search_path(values, Path(args.matrix).resolve().parent, out)  # a user's modules, from out
     tuning = out / f"tune_{Path(args.matrix).stem}.toml"
     tuning_values = {**values, **grid, "seed": seeds}
     if isinstance(values.get("rounds"), int) and not isinstance(values.get("eval_every"), list):
