@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .channels import expand_channels
-from .labels import hashable, is_attack
+from .labels import hashable, is_attack, setting_defense_words
 from .matrix import FIELDS, MatrixError, canonical, read
+from .scenario import Scenario, ScenarioError
 from .stats import by_seed, scenario_fields
 from .worst import ATTACK_FIELDS, ATTACK_KEYS, DEFENSE_FIELDS, RESULT, worst_case
 
@@ -56,6 +57,34 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
 
+def canonical_grid(grid: dict[str, list[Any]], values: dict[str, Any], scenarios: list[Scenario]
+                   ) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """(the grid, its anchor) as the expanded tuning file's scenarios hold them: a rule's
+    parameters with its defaults filled in (`{tau = 1}` is cc's `{tau = 1.0, center =
+    "previous"}`), so that runs find their grid point. The anchor is the matrix's own value
+    (its default where the matrix leaves the field out). A TuneError where a grid value means
+    different things in different rows of the matrix (one rule's parameters under several)."""
+    base = scenarios[0].to_dict()
+
+    def held(key: str, value: Any, given: bool = True) -> Any:
+        fields = {k: v for k, v in base.items() if k != key}
+        return Scenario.from_dict({**fields, key: value} if given else fields).to_dict().get(key)
+
+    out, anchor = {}, {}
+    for key, options in grid.items():
+        try:
+            out[key] = [held(key, v) for v in options]
+        except ScenarioError as e:
+            raise TuneError(f"--grid {key}: {str(e).split(': ', 1)[-1]}") from None
+        spell = lambda v: repr(hashable(canonical(v)))
+        if {spell(sc.to_dict().get(key)) for sc in scenarios} != {spell(v) for v in out[key]}:
+            raise TuneError(f"--grid {key}: its values mean different things in different rows of the matrix (a "
+                            f"rule's parameters under several rules); tune one rule at a time (--set)")
+        anchor[key] = held(key, values.get(key), key in values)
+    grid_points(out)  # two values that are one after their defaults are filled in
+    return out, anchor
+
+
 def choose(rows: list[dict[str, Any]], grid: dict[str, list[Any]],
            pruned: Callable[[dict[str, Any], int], bool] | None = None) -> list[dict[str, Any]]:
     """Per defense (a row of the worst-case table, the grid's fields aside): its worst case at
@@ -72,9 +101,11 @@ def choose(rows: list[dict[str, Any]], grid: dict[str, list[Any]],
     for t in table:
         if not t.get("f"):
             continue
+        # the defense label is left out: it is made of the fields, grid's included (a rule's parameters)
         ident = tuple((k, repr(hashable(v))) for k, v in t.items() if k not in _NOT_IDENTITY and k not in keys
-                      and not k.startswith("no_attack") and not k.startswith("gap") and k != "verdict")
-        d = defenses.setdefault(ident, {"norm": t["norm"], "defense": t["defense"], "server_data": t["server_data"],
+                      and not k.startswith("no_attack") and not k.startswith("gap") and k not in ("verdict", "defense"))
+        label = setting_defense_words({k: v for k, v in t.items() if k not in keys})
+        d = defenses.setdefault(ident, {"norm": t["norm"], "defense": label, "server_data": t["server_data"],
                                         "by_point": {}, "setting": t})
         d["by_point"][_key(t, keys)] = t
     out = []

@@ -109,6 +109,28 @@ def test_an_lr_grid_under_absolute_milestones_says_which_rounds_it_tunes(tmp_pat
     assert "lr_milestones" not in capsys.readouterr().err
 
 
+def test_a_rules_parameter_is_tuned_as_the_runs_hold_it(tmp_path, capsys):
+    """CC's tau (issue 38: a knob that decides a defense): the grid's `{tau = 1}` is stored with
+    cc's defaults filled in; the runs find their point, the defense is one row whatever its tau,
+    and its tuned file holds the chosen parameters."""
+    path = tmp_path / "cc.toml"
+    path.write_text(toml_text({**MATRIX, "grad_agg": "cc"}))
+    argv = ["tune", str(path), "--grid", "grad_agg_params=[{tau=0.01},{tau=10}]", "--db", str(tmp_path / "t.sqlite"),
+            "--quiet", "--format", "json"]
+    assert main(argv) == 0
+    got = json.loads(capsys.readouterr().out)["defenses"]
+    assert len(got) == 1 and got[0]["defense"] == "cc on the gradients, median on the mean and variance"
+    points = [s["point"]["grad_agg_params"] for s in got[0]["scores"]]
+    assert points == [{"tau": 0.01, "center": "previous"}, {"tau": 10.0, "center": "previous"}]
+    assert all(s["seeds"] == 2 for s in got[0]["scores"])
+    tuned = tomllib.loads(open(got[0]["file"]).read())
+    assert tuned["grad_agg_params"] == got[0]["chosen"]["grad_agg_params"] and tuned["seed"] == [0, 1, 2, 3, 4]
+    # two spellings of one value, once cc's defaults are filled in
+    code = main(["tune", str(path), "--grid", "grad_agg_params=[{tau=1},{tau=1.0,center=\"previous\"}]", "--db",
+                 str(tmp_path / "t.sqlite"), "--plan"])
+    one_line_error(capsys, code, "--grid grad_agg_params", "listed twice")
+
+
 def test_a_matrix_over_settings_is_tuned_point_by_point(tmp_path, capsys):
     """gamma takes two values: each (defense, gamma) gets its own choice and its own tuned file,
     at that gamma only (one file per defense would let one point's choice overwrite another's)."""

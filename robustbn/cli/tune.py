@@ -104,8 +104,8 @@ def cmd_tune(args) -> int:
     from ..execute import pending, run_matrix
     from ..matrix import carried_search_path, expand, parse_override, read
     from ..store import FINISHED, Store, scenario_hash, strict_json
-    from ..tune import (REPORT_SEEDS, TUNING_SEEDS, Tuning, check_matrix, choose, grid_points, setting_fields, slug,
-                        tuned_values)
+    from ..tune import (REPORT_SEEDS, TUNING_SEEDS, Tuning, canonical_grid, check_matrix, choose, grid_points,
+                        setting_fields, slug, tuned_values)
 
     if not 1 <= args.jobs <= 512:
         raise UsageError(f"--jobs must be between 1 and 512, got {args.jobs}")
@@ -151,7 +151,9 @@ def cmd_tune(args) -> int:
     try:
         todo, _, total = pending(scenarios, store, None, None)
         by_hash = {scenario_hash(sc.to_dict()): sc for sc in scenarios}
-        plan = Tuning([(h, sc.to_dict()) for h, sc in by_hash.items()], grid, anchor={k: values.get(k) for k in grid})
+        grid, anchor = canonical_grid(grid, values, scenarios)
+        points = grid_points(grid)
+        plan = Tuning([(h, sc.to_dict()) for h, sc in by_hash.items()], grid, anchor=anchor)
         head = f"tune: {len(points)} grid points x {total // len(points)} runs on seeds {', '.join(map(str, seeds))}"
         if args.full:
             print(f"{head}: {total} runs, {len(todo)} to do ({tuning})", file=sys.stderr)
