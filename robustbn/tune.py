@@ -9,13 +9,15 @@ of the min over attacks. `tuned_files` writes, per defense, the matrix with its 
 on the reporting seeds, which `robustbn run` then runs like any other file.
 
 Pruning (`Tuning`) runs fewer runs for the same choice. A point's score is the minimum over its
-attacks, so once the attacks it has finished already bring it below a finished point's score
-(or level with an earlier finished point's, which wins ties), it cannot be chosen: its other
-attacks are not run. The tuning runs in waves: first a defense's anchor point (the matrix's
-own value) in full, then each other point's attacks one at a time, the anchor's most harmful
-first, so that a point that cannot win is usually found out by its first attack. The clean
-runs are never run: the rule reads attacked runs only. The chosen point is the one the full
-grid gives (tested against it).
+attacks, so the attacks it has finished bound it from above: once that bound is below a
+finished point's score (or level with an earlier finished point's, which wins ties), it cannot
+be chosen and its other attacks are not run. The tuning runs in waves, best first: each point
+of a defense runs its most harmful attack, then, wave after wave, the point with the highest
+bound (ties: the first) runs its next attack, until that point has finished every attack. Every
+run then went to a point that could still have been chosen. Attacks go most harmful first (by
+their mean accuracy at the defense's other points, else at other defenses, else in file order).
+The clean runs are never run: the rule reads attacked runs only. The chosen point is the one
+the full grid gives (tested against it).
 """
 
 from __future__ import annotations
@@ -57,20 +59,17 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
 
-def canonical_grid(grid: dict[str, list[Any]], values: dict[str, Any], scenarios: list[Scenario]
-                   ) -> tuple[dict[str, list[Any]], dict[str, Any]]:
-    """(the grid, its anchor) as the expanded tuning file's scenarios hold them: a rule's
-    parameters with its defaults filled in (`{tau = 1}` is cc's `{tau = 1.0, center =
-    "previous"}`), so that runs find their grid point. The anchor is the matrix's own value
-    (its default where the matrix leaves the field out). A TuneError where a grid value means
-    different things in different rows of the matrix (one rule's parameters under several)."""
+def canonical_grid(grid: dict[str, list[Any]], scenarios: list[Scenario]) -> dict[str, list[Any]]:
+    """The grid as the expanded tuning file's scenarios hold it: a rule's parameters with its
+    defaults filled in (`{tau = 1}` is cc's `{tau = 1.0, center = "previous"}`), so that runs
+    find their grid point. A TuneError where a grid value means different things in different
+    rows of the matrix (one rule's parameters under several)."""
     base = scenarios[0].to_dict()
 
-    def held(key: str, value: Any, given: bool = True) -> Any:
-        fields = {k: v for k, v in base.items() if k != key}
-        return Scenario.from_dict({**fields, key: value} if given else fields).to_dict().get(key)
+    def held(key: str, value: Any) -> Any:
+        return Scenario.from_dict({**base, key: value}).to_dict().get(key)
 
-    out, anchor = {}, {}
+    out = {}
     for key, options in grid.items():
         try:
             out[key] = [held(key, v) for v in options]
@@ -80,9 +79,8 @@ def canonical_grid(grid: dict[str, list[Any]], values: dict[str, Any], scenarios
         if {spell(sc.to_dict().get(key)) for sc in scenarios} != {spell(v) for v in out[key]}:
             raise TuneError(f"--grid {key}: its values mean different things in different rows of the matrix (a "
                             f"rule's parameters under several rules); tune one rule at a time (--set)")
-        anchor[key] = held(key, values.get(key), key in values)
     grid_points(out)  # two values that are one after their defaults are filled in
-    return out, anchor
+    return out
 
 
 def choose(rows: list[dict[str, Any]], grid: dict[str, list[Any]],
@@ -171,16 +169,13 @@ class Tuning:
     """The attacked runs of a tuning file as the rule reads them, and how far they are.
 
     `planned`: (hash, scenario dict) of every run of the tuning file; `grid`: the tuned fields'
-    values; `anchor`: the grid point run first in full (the matrix's own values where the grid
-    holds them). Runs group by defense (every field but the grid's, the attack's and the seed),
-    then grid point, then attack; each attack's seeds are its runs."""
+    values. Runs group by defense (every field but the grid's, the attack's and the seed), then
+    grid point, then attack; each attack's seeds are its runs."""
 
-    def __init__(self, planned: list[tuple[str, dict[str, Any]]], grid: dict[str, list[Any]],
-                 anchor: dict[str, Any] | None = None):
+    def __init__(self, planned: list[tuple[str, dict[str, Any]]], grid: dict[str, list[Any]]):
         self.points = grid_points(grid)
         self.keys = keys = list(grid)
         index = {_key(p, keys): i for i, p in enumerate(self.points)}
-        self.anchor = index.get(_key(anchor or {}, keys), 0)
         self.defenses: dict[tuple, list[dict[tuple, list[str]]]] = {}
         # every channel's attack spelled out, as the store's rows; clean runs left out: the rule
         # reads attacked runs only
@@ -192,6 +187,7 @@ class Tuning:
             ident = self.identity(sc)
             by_point = self.defenses.setdefault(ident, [{} for _ in self.points])
             by_point[index[_key(sc, keys)]].setdefault(_key(sc, ATTACK_FIELDS), []).append(run_hash)
+        self.file_order = {a: i for i, a in enumerate(dict.fromkeys(_key(sc, ATTACK_FIELDS) for _, sc in attacked))}
 
     def identity(self, row: dict[str, Any]) -> tuple:
         """A defense: the fields robustbn.worst makes a setting of (every scenario field but the
@@ -237,32 +233,47 @@ class Tuning:
         return out
 
     def next_wave(self, finished: dict[str, dict[str, Any]], skip: frozenset[str] = frozenset()) -> list[str]:
-        """The runs to do next: a defense's anchor point in full until it has finished, then one
-        attack (each seed) of each other point neither finished nor pruned, the attack that
-        did most harm at the best finished point first. Empty when the choice is settled.
-        `skip`: runs not to offer again (they failed): a point goes on with its next attack."""
+        """The runs to do next, best first, per defense: each point without a finished attack
+        runs its most harmful attack; then the point with the highest bound (ties: the first
+        point), unless it has finished every attack, runs its next. Empty when every choice is
+        settled. `skip`: runs not to offer again (they failed): their point goes on with its
+        other attacks, and one that has none left is passed over."""
+        states_all = self.state(finished)
+        elsewhere = self._harm(states_all.values())
         wave = []
-        for ident, states in self.state(finished).items():
+        for ident, states in states_all.items():
             by_point = self.defenses[ident]
             todo = lambda hashes: [h for h in hashes if h not in finished and h not in skip]
-            complete = [i for i, st in enumerate(states) if st["complete"] and st["bound"] is not None]
-            if not complete:
-                # the anchor in full; a point with a failed run can never finish: the next point instead
-                for i in [self.anchor, *(i for i in range(len(self.points)) if i != self.anchor)]:
-                    runs = [h for hashes in by_point[i].values() for h in hashes]
-                    if not any(h in skip for h in runs):
-                        wave += [h for h in runs if h not in finished]
-                        break
+            left = lambda i: [a for a, hashes in by_point[i].items() if todo(hashes)]
+            here = self._harm([states])
+            # an attack half run first; then the most harmful here, then elsewhere, then file order
+            harm = lambda i: lambda a: (not any(h in finished for h in by_point[i][a]),
+                                        *((0, here[a]) if a in here else (1, elsewhere[a]) if a in elsewhere
+                                          else (2, 0.0)), self.file_order[a])
+            open_points = [i for i, st in enumerate(states) if not st["complete"] and not st["pruned"] and left(i)]
+            fresh = [i for i in open_points if states[i]["bound"] is None]
+            if fresh:  # no bound yet: any of them may score highest
+                for i in fresh:
+                    wave += todo(by_point[i][min(left(i), key=harm(i))])
                 continue
-            best = max(complete, key=lambda i: states[i]["bound"])  # max keeps the first of equals
-            harm = states[best]["means"]
-            for i, st in enumerate(states):
-                if st["complete"] or st["pruned"]:
-                    continue
-                left = sorted((a for a in by_point[i] if todo(by_point[i][a])), key=lambda a: (harm.get(a, 1.0), a))
-                if left:
-                    wave += todo(by_point[i][left[0]])
+            contenders = [i for i, st in enumerate(states) if st["bound"] is not None and not st["pruned"]
+                          and (st["complete"] or i in open_points)]
+            if not contenders:
+                continue
+            leader = max(contenders, key=lambda i: (states[i]["bound"], -i))
+            if not states[leader]["complete"]:
+                wave += todo(by_point[leader][min(left(leader), key=harm(leader))])
         return wave
+
+    @staticmethod
+    def _harm(states_of_defenses) -> dict[tuple, float]:
+        """Each attack's mean accuracy over the points (of these defenses) that finished it."""
+        seen: dict[tuple, list[float]] = {}
+        for states in states_of_defenses:
+            for st in states:
+                for a, m in st["means"].items():
+                    seen.setdefault(a, []).append(m)
+        return {a: math.fsum(ms) / len(ms) for a, ms in seen.items()}
 
     def settled(self, finished: dict[str, dict[str, Any]]) -> dict[tuple, bool]:
         """Per defense: whether every grid point has finished or been pruned."""

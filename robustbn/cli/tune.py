@@ -22,11 +22,12 @@ def register(sub) -> None:
                                    "chosen point is the highest score (ties: the first in grid order), the max over "
                                    "the grid of the min over attacks. Then, per defense (and per point of the setting where MATRIX varies gamma, f, ...), DIR/tuned_<norm>_<defense>[_<point>].toml: "
                                    "the matrix at its chosen point on --report-seeds (default 0-4), for robustbn run. "
-                                   "Pruned (the default; --full runs the whole grid): a defense's anchor point (the "
-                                   "matrix's own value) runs first, then each other point one attack at a time, the "
-                                   "most harmful first, and a point stops once the attacks it has finished put it "
-                                   "below a finished point: it can no longer be chosen, so the choice is the full "
-                                   "grid's. Clean runs are left out (the rule reads attacked runs). "
+                                   "Pruned (the default; --full runs the whole grid), best first: each point of a "
+                                   "defense runs its most harmful attack, then, wave by wave, the point whose finished "
+                                   "attacks leave it the highest score runs its next attack, until that point has "
+                                   "run them all; a point whose finished attacks put it below a finished point can "
+                                   "no longer be chosen and stops, so the choice is the full grid's. Clean runs are "
+                                   "left out (the rule reads attacked runs). "
                                    "Every run is in --db: the same command resumes.",
                        epilog="examples:\n  robustbn tune scenarios/worst_case_fmnist.toml --grid 'lr=[0.01,0.05,0.1]' "
                               "--set norm=fbn --jobs 2\n"
@@ -151,9 +152,9 @@ def cmd_tune(args) -> int:
     try:
         todo, _, total = pending(scenarios, store, None, None)
         by_hash = {scenario_hash(sc.to_dict()): sc for sc in scenarios}
-        grid, anchor = canonical_grid(grid, values, scenarios)
+        grid = canonical_grid(grid, scenarios)
         points = grid_points(grid)
-        plan = Tuning([(h, sc.to_dict()) for h, sc in by_hash.items()], grid, anchor=anchor)
+        plan = Tuning([(h, sc.to_dict()) for h, sc in by_hash.items()], grid)
         head = f"tune: {len(points)} grid points x {total // len(points)} runs on seeds {', '.join(map(str, seeds))}"
         if args.full:
             print(f"{head}: {total} runs, {len(todo)} to do ({tuning})", file=sys.stderr)
