@@ -412,6 +412,33 @@ def catalogue_coverage(gamma=0.0) -> None:
           f"many), so a cell's worst case is over the attacks run.")
 
 
+def curve_defenses() -> None:
+    """The curves' root-free defense per protocol (ROBUSTNESS_MATRIX), against the board as it
+    stands: the file runs the highest worst case among the protocol's root-free rows that are
+    best or tied for best. Where the board has moved since the file was written, this says so."""
+    from robustbn.labels import norm_words, setting_defense_words
+    from robustbn.matrix import expand, read
+    from robustbn.report import leaderboard as board
+
+    values = read(ROOT / ROBUSTNESS_MATRIX)
+    one_point = {**values, "seed": 0, "gamma": 0.0, "f": 3}  # every defense of the file, once per attack
+    in_file = defaultdict(set)
+    for sc in expand(one_point, ROBUSTNESS_MATRIX):
+        d = expand_channels(sc.to_dict())
+        if d.get("root_size") is None:
+            in_file[d["norm"]].add(setting_defense_words(d))
+    rows = board(board_runs()).rows
+    print("| protocol | the curves' root-free rows | the board's highest best or tied root-free row now | agrees |")
+    print("|---|---|---|---|")
+    for norm, defenses in in_file.items():
+        ranked = [r for r in rows if r["norm"] == norm and not r["server_data"] and r["worst_acc"] is not None
+                  and r["verdict"] in ("best", "tied for best")]
+        top = max(ranked, key=lambda r: r["worst_acc"], default=None)
+        now = f"{top['defense']} ({100 * top['worst_acc']:.1f}, {top['verdict']})" if top else "none yet"
+        print(f"| {norm_words(norm)} | {'; '.join(sorted(defenses))} | {now} | "
+              f"{'yes' if top and top['defense'] in defenses else 'no' if top else '-'} |")
+
+
 def search_coverage() -> None:
     """Which leaderboard rows an attack search reached (a confirmation file's runs in the cell),
     above all the rows a practitioner would pick: best, tied for best, or the highest where
