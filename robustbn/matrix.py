@@ -228,30 +228,35 @@ def _search_dirs(given: Any, path: Path) -> list[Path]:
     return out
 
 
-def _names_a_module(value: Any) -> bool:
+def _modules_named(value: Any) -> set[str]:
+    """The top-level modules of the `module:Name` references in a value (pipelines split at '+')."""
     if isinstance(value, str):
-        return ":" in value
+        return {part.partition(":")[0].strip().split(".")[0] for part in value.split("+") if ":" in part}
     if isinstance(value, list):
-        return any(_names_a_module(v) for v in value)
+        return set().union(*map(_modules_named, value)) if value else set()
     if isinstance(value, dict):
-        return any(_names_a_module(v) for v in value.values())
-    return False
+        return set().union(*map(_modules_named, value.values())) if value else set()
+    return set()
+
+
+def _holds(directory: Path, module: str) -> bool:
+    return (directory / f"{module}.py").is_file() or (directory / module).is_dir()
 
 
 def carried_search_path(values: dict[str, Any], found_in: str | Path, target_dir: str | Path) -> dict[str, Any]:
     """`values` for a file to be written in `target_dir`, whose `module:Name` references were
     found in `found_in` (the source file's directory, or the working directory) and in its
-    `search_path`: those directories, relative to `target_dir` (absolute where they share
-    only the root), as the new file's
-    `search_path`. Values that name no module of a user's are returned as they are."""
+    `search_path`: those of them that hold a named module, relative to `target_dir` (absolute
+    where they share only the root). Values whose modules are on sys.path (or that name none)
+    carry no `search_path`."""
     named = {k: v for k, v in values.items() if (k in FIELDS or k == "exclude") and k not in ("device", "data_dir")}
-    if not any(_names_a_module(v) for v in named.values()):
-        return values
+    modules = set().union(*map(_modules_named, named.values()))
     target = Path(target_dir).resolve()
     dirs = [Path(found_in).resolve(), *map(Path, values.get("search_path", []))]
-    # relative where the two share more than the root (a repository moves whole), else absolute
+    # only where a named module is (one found on sys.path needs none); relative where the two
+    # share more than the root (a repository moves whole), else absolute
     rel = [os.path.relpath(d, target) if os.path.commonpath([d, target]) != d.anchor else str(d)
-           for d in dict.fromkeys(dirs) if d != target]
+           for d in dict.fromkeys(dirs) if d != target and any(_holds(d, m) for m in modules)]
     carried = {k: v for k, v in values.items() if k != "search_path"}
     return {**carried, "search_path": rel} if rel else carried
 

@@ -30,8 +30,7 @@ from typing import Any, Callable
 
 from .channels import expand_channels
 from .labels import hashable, is_attack, setting_defense_words
-from .matrix import FIELDS, MatrixError, canonical, read
-from .scenario import Scenario, ScenarioError
+from .matrix import FIELDS, MatrixError, alternatives, canonical, read
 from .stats import by_seed, scenario_fields
 from .worst import ATTACK_FIELDS, ATTACK_KEYS, DEFENSE_FIELDS, RESULT, worst_case
 
@@ -39,6 +38,9 @@ TUNING_SEEDS = [10, 11]
 REPORT_SEEDS = [0, 1, 2, 3, 4]
 # the fields of a defense's row that are not its identity (results, and the raw worst attack)
 _NOT_IDENTITY = set(RESULT) | {"seed"}
+
+
+RULE_FIELDS = ("grad_agg", "bn_agg", "bn_mean_agg", "bn_var_agg", "client_filter")  # which defense, not how
 
 
 class TuneError(MatrixError):
@@ -51,6 +53,9 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
         if key not in FIELDS or key in ("seed", "norm") or key.endswith(("_attack", "_attack_params")):
             raise TuneError(f"--grid {key}: not a field to tune; a scalar field of the setting or of a defense, e.g. "
                             f"lr, momentum, grad_agg_params")
+        if key in RULE_FIELDS:
+            raise TuneError(f"--grid {key}: picks the defense itself, not a setting of it; list the choices in the "
+                            f"matrix (each is tuned on its own) and grid their parameters ({key}_params)")
         if not isinstance(values, list) or len(values) < 2:
             raise TuneError(f"--grid {key}: give a list of at least 2 values, e.g. --grid {key}=[0.01,0.05,0.1]")
         if len({repr(hashable(v)) for v in values}) < len(values):
@@ -59,58 +64,43 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
 
-def canonical_grid(grid: dict[str, list[Any]], scenarios: list[Scenario]) -> dict[str, list[Any]]:
-    """The grid as the expanded tuning file's scenarios hold it: a rule's parameters with its
-    defaults filled in (`{tau = 1}` is cc's `{tau = 1.0, center = "previous"}`), so that runs
-    find their grid point. A TuneError where a grid value means different things in different
-    rows of the matrix (one rule's parameters under several)."""
-    base = scenarios[0].to_dict()
-
-    def held(key: str, value: Any) -> Any:
-        return Scenario.from_dict({**base, key: value}).to_dict().get(key)
-
-    out = {}
-    for key, options in grid.items():
-        try:
-            out[key] = [held(key, v) for v in options]
-        except ScenarioError as e:
-            raise TuneError(f"--grid {key}: {str(e).split(': ', 1)[-1]}") from None
-        spell = lambda v: repr(hashable(canonical(v)))
-        if {spell(sc.to_dict().get(key)) for sc in scenarios} != {spell(v) for v in out[key]}:
-            raise TuneError(f"--grid {key}: its values mean different things in different rows of the matrix (a "
-                            f"rule's parameters under several rules); tune one rule at a time (--set)")
-    grid_points(out)  # two values that are one after their defaults are filled in
-    return out
-
-
 def choose(rows: list[dict[str, Any]], grid: dict[str, list[Any]],
-           pruned: Callable[[dict[str, Any], int], bool] | None = None) -> list[dict[str, Any]]:
+           pruned: Callable[[dict[str, Any], int], bool] | None = None,
+           point_of: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """Per defense (a row of the worst-case table, the grid's fields aside): its worst case at
     each grid point and the chosen point, the max over the grid of the worst case over
     attacks. Each: norm, defense, server_data, scores ([{point, worst_acc, ci_low, ci_high,
     seeds, worst_attack, attacks, pruned}] in grid order), chosen (the point), chosen_acc, setting (the
     defense's fields, to write its tuned file). `pruned(setting, i)`: whether grid point i of
     a defense (a worst-case row) was pruned (Tuning.pruned): its score is the worst case over
-    the attacks it ran, and it is never chosen."""
+    the attacks it ran, and it is never chosen. `point_of`: each run's grid point (by hash), where
+    the runs hold a point's values in another spelling than the grid's (a rule's parameters with
+    its defaults filled in, "none" as no value); else a run's point is the grid value it holds."""
     points = grid_points(grid)
-    table = worst_case(rows)
     keys = list(grid)
+    index = {_key(p, keys): i for i, p in enumerate(points)}
+    at_point: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        i = point_of.get(r.get("hash")) if point_of is not None else index.get(_key(r, keys))
+        if i is not None:
+            at_point.setdefault(i, []).append(r)
     defenses: dict[tuple, dict[str, Any]] = {}
-    for t in table:
-        if not t.get("f"):
-            continue
-        # the defense label is left out: it is made of the fields, grid's included (a rule's parameters)
-        ident = tuple((k, repr(hashable(v))) for k, v in t.items() if k not in _NOT_IDENTITY and k not in keys
-                      and not k.startswith("no_attack") and not k.startswith("gap") and k not in ("verdict", "defense"))
-        label = setting_defense_words({k: v for k, v in t.items() if k not in keys})
-        d = defenses.setdefault(ident, {"norm": t["norm"], "defense": label, "server_data": t["server_data"],
-                                        "by_point": {}, "setting": t})
-        d["by_point"][_key(t, keys)] = t
+    for i in sorted(at_point):
+        for t in worst_case(at_point[i]):
+            if not t.get("f"):
+                continue
+            # labels made of the fields, the grid's included (a rule's parameters, a root set's size), are no identity
+            ident = tuple((k, repr(hashable(v))) for k, v in t.items() if k not in _NOT_IDENTITY and k not in keys
+                          and not k.startswith("no_attack") and not k.startswith("gap")
+                          and k not in ("verdict", "defense", "server_data"))
+            label = setting_defense_words({k: v for k, v in t.items() if k not in keys})
+            d = defenses.setdefault(ident, {"norm": t["norm"], "defense": label, "by_point": {}, "setting": t})
+            d["by_point"][i] = t
     out = []
     for d in defenses.values():
         scores = []
         for i, point in enumerate(points):
-            t = d["by_point"].get(_key(point, keys))
+            t = d["by_point"].get(i)
             scores.append({"point": point, "worst_acc": t and t["worst_acc"], "ci_low": t and t["ci_low"],
                            "ci_high": t and t["ci_high"], "seeds": t["seeds"] if t else 0,
                            "worst_attack": t and t["worst_attack"], "attacks": t["attacks"] if t else 0,
@@ -118,21 +108,30 @@ def choose(rows: list[dict[str, Any]], grid: dict[str, list[Any]],
         known = [s for s in scores if s["worst_acc"] is not None]
         candidates = [s for s in known if not s["pruned"]]
         best = max(candidates, key=lambda s: s["worst_acc"]) if candidates else None  # max keeps the first of equals
-        out.append({"norm": d["norm"], "defense": d["defense"], "server_data": d["server_data"], "scores": scores,
+        shown = d["by_point"][points.index(best["point"])] if best else d["setting"]
+        out.append({"norm": d["norm"], "defense": d["defense"], "server_data": shown["server_data"], "scores": scores,
                     "chosen": best and best["point"], "chosen_acc": best and best["worst_acc"],
                     "complete": len(known) == len(points), "setting": d["setting"]})
     return out
 
 
+def varies(values: dict[str, Any], key: str) -> bool:
+    """Whether a matrix gives several values of `key` (a plain lr_milestones is one value)."""
+    return key in values and len(alternatives(key, values[key])) > 1
+
+
 def tuned_values(values: dict[str, Any], choice: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
-    """The matrix restricted to one defense at its chosen point, on the reporting seeds."""
+    """The matrix restricted to one defense at its chosen point (as the grid spells it), on the
+    reporting seeds. A field the matrix varies and the defense leaves unset ("none" filter, no
+    root set) is left out: its default is that."""
     setting = choice["setting"]
     narrowed = {}
-    for k, v in values.items():
-        if isinstance(v, list) and k in setting and k != "seed" and not k.endswith(("_attack", "_attack_params")):
-            narrowed[k] = setting[k]
+    for k in values:
+        if varies(values, k) and k in FIELDS and k != "seed" and k not in ATTACK_KEYS:
+            narrowed[k] = setting.get(k)
     at = "".join(f", {k} = {setting.get(k)}" for k in setting_fields(values))
-    return {**values, **narrowed, **choice["chosen"], "seed": seeds,
+    kept = {k: v for k, v in {**values, **narrowed}.items() if v is not None}
+    return {**kept, **choice["chosen"], "seed": seeds,
             "description": f"robustbn tune: {choice['defense']} under {choice['norm']}{at}, at its chosen "
                            f"{', '.join(f'{k} = {v}' for k, v in choice['chosen'].items())} (the max over the grid "
                            f"of the worst case over the attacks, on the tuning seeds), on the reporting seeds"}
@@ -142,7 +141,7 @@ def setting_fields(values: dict[str, Any]) -> list[str]:
     """The fields a matrix varies that are neither the protocol, the defense, the attack nor the
     seed (gamma, f, ...): each of their points is tuned on its own. A file's `exclude` list is
     no field."""
-    return [k for k, v in values.items() if isinstance(v, list) and k in FIELDS and k not in ("seed", "norm")
+    return [k for k in values if varies(values, k) and k in FIELDS and k not in ("seed", "norm")
             and k not in DEFENSE_FIELDS and k not in ATTACK_KEYS]
 
 
@@ -172,10 +171,13 @@ class Tuning:
     values. Runs group by defense (every field but the grid's, the attack's and the seed), then
     grid point, then attack; each attack's seeds are its runs."""
 
-    def __init__(self, planned: list[tuple[str, dict[str, Any]]], grid: dict[str, list[Any]]):
+    def __init__(self, planned: list[tuple[str, dict[str, Any]]], grid: dict[str, list[Any]],
+                 point_of: dict[str, int] | None = None):
+        """`point_of`: each run's grid point (by hash), as choose() takes it."""
         self.points = grid_points(grid)
         self.keys = keys = list(grid)
         index = {_key(p, keys): i for i, p in enumerate(self.points)}
+        where = (lambda h, sc: point_of[h]) if point_of is not None else (lambda h, sc: index[_key(sc, keys)])
         self.defenses: dict[tuple, list[dict[tuple, list[str]]]] = {}
         # every channel's attack spelled out, as the store's rows; clean runs left out: the rule
         # reads attacked runs only
@@ -186,7 +188,7 @@ class Tuning:
         for run_hash, sc in attacked:
             ident = self.identity(sc)
             by_point = self.defenses.setdefault(ident, [{} for _ in self.points])
-            by_point[index[_key(sc, keys)]].setdefault(_key(sc, ATTACK_FIELDS), []).append(run_hash)
+            by_point[where(run_hash, sc)].setdefault(_key(sc, ATTACK_FIELDS), []).append(run_hash)
         self.file_order = {a: i for i, a in enumerate(dict.fromkeys(_key(sc, ATTACK_FIELDS) for _, sc in attacked))}
 
     def identity(self, row: dict[str, Any]) -> tuple:

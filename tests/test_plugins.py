@@ -161,6 +161,12 @@ def test_files_tune_writes_elsewhere_find_the_users_modules_from_any_directory(u
         listed = subprocess.run([sys.executable, "-m", "robustbn.cli", "list", str(path)], capture_output=True,
                                 text=True, cwd="/")
         assert listed.returncode == 0 and "scenario" in listed.stdout, listed.stderr  # resolved: listed
+    # modules found on sys.path, not beside the matrix: no search_path to go stale
+    from robustbn.matrix import carried_search_path
+    elsewhere = tmp / "elsewhere"
+    elsewhere.mkdir()
+    assert "search_path" not in carried_search_path({"grad_agg": "nnm+onpath:Rule"}, elsewhere, out)
+    assert carried_search_path({"grad_agg": f"nnm+{rules}:MyTrimmedMean"}, tmp, out)["search_path"] == ["../.."]
     # a matrix of built-ins only carries no search_path
     plain = tmp / "plain.toml"
     plain.write_text(MATRIX.format(attack="alie", agg="nnm+trmean").replace("grad_attack_params = { delta = 0.5 }\n", ""))

@@ -90,7 +90,9 @@ def test_tune_takes_the_max_over_the_grid_of_the_worst_case_over_attacks(matrix,
     ([], ["give --grid"]),
     (["--grid", "seed=[1,2]"], ["--grid seed", "not a field to tune"]),
     (["--grid", "lr=0.1"], ["--grid lr", "at least 2 values"]),
-    (["--grid", "grad_agg=[mean,median]"], ["--grid grad_agg", "already varies it"]),
+    (["--grid", "grad_agg=[mean,median]"], ["--grid grad_agg", "picks the defense itself"]),
+    (["--grid", "client_filter=[none,bnguard]"], ["--grid client_filter", "grid their parameters"]),
+    (["--grid", "lr=[0.1,0.2]", "--set", "lr=[0.1,0.2]"], ["--grid lr", "already varies it"]),
     (["--grid", "lr=[0.1,0.2]", "--seeds", "0,1"], ["--seeds 0,1", "must not be reported"]),
     (["--grid", "lr=[0.1,0.2]", "--seeds", "a"], ["--seeds 'a'", "comma-separated integers"]),
 ])
@@ -112,7 +114,7 @@ def test_an_lr_grid_under_absolute_milestones_says_which_rounds_it_tunes(tmp_pat
 def test_a_rules_parameter_is_tuned_as_the_runs_hold_it(tmp_path, capsys):
     """CC's tau (issue 38: a knob that decides a defense): the grid's `{tau = 1}` is stored with
     cc's defaults filled in; the runs find their point, the defense is one row whatever its tau,
-    and its tuned file holds the chosen parameters."""
+    and its tuned file holds the chosen parameters as the grid spells them."""
     path = tmp_path / "cc.toml"
     path.write_text(toml_text({**MATRIX, "grad_agg": "cc"}))
     argv = ["tune", str(path), "--grid", "grad_agg_params=[{tau=0.01},{tau=10}]", "--db", str(tmp_path / "t.sqlite"),
@@ -121,14 +123,47 @@ def test_a_rules_parameter_is_tuned_as_the_runs_hold_it(tmp_path, capsys):
     got = json.loads(capsys.readouterr().out)["defenses"]
     assert len(got) == 1 and got[0]["defense"] == "cc on the gradients, median on the mean and variance"
     points = [s["point"]["grad_agg_params"] for s in got[0]["scores"]]
-    assert points == [{"tau": 0.01, "center": "previous"}, {"tau": 10.0, "center": "previous"}]
+    assert points == [{"tau": 0.01}, {"tau": 10}]  # as the grid gives them
     assert all(s["seeds"] == 2 for s in got[0]["scores"])
     tuned = tomllib.loads(open(got[0]["file"]).read())
     assert tuned["grad_agg_params"] == got[0]["chosen"]["grad_agg_params"] and tuned["seed"] == [0, 1, 2, 3, 4]
     # two spellings of one value, once cc's defaults are filled in
     code = main(["tune", str(path), "--grid", "grad_agg_params=[{tau=1},{tau=1.0,center=\"previous\"}]", "--db",
                  str(tmp_path / "t.sqlite"), "--plan"])
-    one_line_error(capsys, code, "--grid grad_agg_params", "listed twice")
+    one_line_error(capsys, code, "--grid", "are the same runs")
+
+
+@pytest.mark.parametrize("grid, set_", [
+    ("agg_f=[1,2]", []),                                   # f = 2: agg_f = 2 is stored as no value
+    ("root_size=[20,40]", ["--set", "grad_agg=fltrust"]),  # a defense field its label spells out
+])
+def test_any_field_of_a_defense_is_tuned_as_one_defense_and_its_file_loads(tmp_path, capsys, grid, set_):
+    path = tmp_path / "m.toml"
+    path.write_text(toml_text({**MATRIX, "grad_agg": "median"}))
+    argv = ["tune", str(path), "--grid", grid, *set_, "--db", str(tmp_path / "t.sqlite"), "--quiet", "--format",
+            "json", "--seeds", "10"]
+    assert main(argv) == 0
+    (d,) = json.loads(capsys.readouterr().out)["defenses"]
+    key = grid.split("=")[0]
+    assert d["complete"] and d["chosen"][key] in tomllib.loads(f"v = {grid.split('=', 1)[1]}")["v"]
+    scenarios = expand(read(d["file"]), d["file"])  # the tuned file loads, at the chosen point only
+    assert len(scenarios) == 5 * 2 and len({repr(getattr(sc, key)) for sc in scenarios}) == 1
+
+
+def test_lr_milestones_is_one_value_of_a_matrix_and_can_be_the_grid(tmp_path, capsys):
+    """A plain lr_milestones is one schedule: no setting of its own (tuned files are not named by
+    it) and it can be gridded; starting at round 1, an lr grid changes no round, and tune says so."""
+    from robustbn.tune import setting_fields
+
+    assert setting_fields({**MATRIX, "lr_milestones": [[5, 0.01]]}) == []
+    assert setting_fields({**MATRIX, "lr_milestones": [[[5, 0.01]], [[6, 0.01]]]}) == ["lr_milestones"]
+    path = tmp_path / "m.toml"
+    path.write_text(toml_text({**MATRIX, "lr_milestones": [[1, 0.01]]}))
+    db = str(tmp_path / "t.sqlite")
+    assert main(["tune", str(path), "--db", db, "--grid", "lr=[0.1,0.2]", "--plan"]) == 0
+    assert "so --grid lr changes no round at all" in capsys.readouterr().err
+    assert main(["tune", str(path), "--db", db, "--grid", "lr_milestones=[[[4,0.01]],[[4,0.02]]]", "--plan"]) == 0
+    assert "2 grid points" in capsys.readouterr().err
 
 
 def test_a_matrix_over_settings_is_tuned_point_by_point(tmp_path, capsys):

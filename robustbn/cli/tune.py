@@ -86,6 +86,21 @@ def _pruned(plan, by_hash: dict, store, source: str, args):
             time.sleep(30)  # another process shares the store and holds this wave's runs
 
 
+def _milestones_note(matrix: str, values: dict, grid: dict) -> None:
+    """lr_milestones set absolute rates from their first round on: a grid of lr tunes the rounds before."""
+    from ..matrix import alternatives
+
+    schedules = alternatives("lr_milestones", values.get("lr_milestones", []))
+    starts = [min(m[0] for m in sched) for sched in schedules if isinstance(sched, list) and sched
+              and all(isinstance(m, list) and m and isinstance(m[0], int) for m in sched)]
+    if "lr" not in grid or not starts:
+        return
+    first = min(starts)
+    rounds = "no round at all" if first <= 1 else f"the learning rate of rounds 1-{first - 1} only"
+    print(f"tune: note: {matrix} sets lr_milestones = {values['lr_milestones']!r}, so --grid lr changes {rounds}; "
+          f"to tune the whole schedule, grid lr_milestones instead, or --set 'lr_milestones=[]'", file=sys.stderr)
+
+
 def _score_text(score: dict) -> str:
     """A grid point's cell: its worst case (%), seeds, and for a pruned point '<=' and its attacks."""
     if score["worst_acc"] is None:
@@ -105,8 +120,8 @@ def cmd_tune(args) -> int:
     from ..execute import pending, run_matrix
     from ..matrix import carried_search_path, expand, parse_override, read
     from ..store import FINISHED, Store, scenario_hash, strict_json
-    from ..tune import (REPORT_SEEDS, TUNING_SEEDS, Tuning, canonical_grid, check_matrix, choose, grid_points,
-                        setting_fields, slug, tuned_values)
+    from ..tune import (REPORT_SEEDS, TUNING_SEEDS, Tuning, check_matrix, choose, grid_points, setting_fields, slug,
+                        tuned_values, varies)
 
     if not 1 <= args.jobs <= 512:
         raise UsageError(f"--jobs must be between 1 and 512, got {args.jobs}")
@@ -123,16 +138,11 @@ def cmd_tune(args) -> int:
         values[key] = value
     grid = key_values(args.grid, "--grid", "lr=[0.01,0.05,0.1]")
     points = grid_points(grid)
-    clash = [k for k in grid if isinstance(values.get(k), list)]
+    clash = [k for k in grid if varies(values, k)]
     if clash:
         raise UsageError(f"--grid {clash[0]}: {args.matrix} already varies it ({values[clash[0]]!r}); tune a field "
                          f"it holds one value of (or --set {clash[0]}=... first)")
-    milestones = values.get("lr_milestones") or []
-    starts = [m[0] for m in milestones if isinstance(m, list) and m and isinstance(m[0], int)]
-    if "lr" in grid and starts:  # absolute rates from the first milestone on: the grid would tune a warm-up only
-        print(f"tune: note: {args.matrix} sets lr_milestones = {milestones!r}, so --grid lr changes the learning rate "
-              f"of rounds 1-{min(starts) - 1} only; to tune the whole schedule, grid lr_milestones as well or "
-              f"--set 'lr_milestones=[]'", file=sys.stderr)
+    _milestones_note(args.matrix, values, grid)
     out = Path(args.out) if args.out else Path(args.db).parent / "tune" / Path(args.matrix).stem
     out.mkdir(parents=True, exist_ok=True)
     values = carried_search_path(values, Path(args.matrix).resolve().parent, out)  # a user's modules, from out
@@ -147,14 +157,21 @@ def cmd_tune(args) -> int:
     text = toml_text(tuning_values)
     if not tuning.is_file() or tuning.read_text(encoding="utf-8") != text:
         tuning.write_text(text, encoding="utf-8")
-    scenarios = expand(read(tuning), str(tuning))
+    # each point's runs: the runs may spell a point otherwise (a rule's defaults filled in, "none" as no value)
+    file_values, by_hash, point_of = read(tuning), {}, {}
+    for i, point in enumerate(points):
+        for sc in expand({**file_values, **point}, str(tuning)):
+            h = scenario_hash(sc.to_dict())
+            if point_of.setdefault(h, i) != i:
+                words = lambda p: ", ".join(f"{k}={v!r}" for k, v in p.items())
+                raise UsageError(f"--grid: {words(points[point_of[h]])} and {words(point)} are the same runs; give "
+                                 f"each value once")
+            by_hash[h] = sc
+    scenarios = list(by_hash.values())
     store = Store(args.db)
     try:
         todo, _, total = pending(scenarios, store, None, None)
-        by_hash = {scenario_hash(sc.to_dict()): sc for sc in scenarios}
-        grid = canonical_grid(grid, scenarios)
-        points = grid_points(grid)
-        plan = Tuning([(h, sc.to_dict()) for h, sc in by_hash.items()], grid)
+        plan = Tuning([(h, sc.to_dict()) for h, sc in by_hash.items()], grid, point_of)
         head = f"tune: {len(points)} grid points x {total // len(points)} runs on seeds {', '.join(map(str, seeds))}"
         if args.full:
             print(f"{head}: {total} runs, {len(todo)} to do ({tuning})", file=sys.stderr)
@@ -178,7 +195,7 @@ def cmd_tune(args) -> int:
         rows = [r for r in store.rows(status=FINISHED) if r["hash"] in by_hash]
     finally:
         store.close()
-    choices = choose(rows, grid, None if args.full else plan.pruned({r["hash"]: r for r in rows}))
+    choices = choose(rows, grid, None if args.full else plan.pruned({r["hash"]: r for r in rows}), point_of)
     written = []
     at_keys = setting_fields(values)  # gamma, f, ... where the matrix varies them: each point tuned apart
     for c in choices:
