@@ -78,10 +78,10 @@ def choose(rows: list[dict[str, Any]], grid: dict[str, list[Any]],
     its defaults filled in, "none" as no value); else a run's point is the grid value it holds."""
     points = grid_points(grid)
     keys = list(grid)
-    index = {_key(p, keys): i for i, p in enumerate(points)}
+    point = _point_finder(points, point_of)
     at_point: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
-        i = point_of.get(r.get("hash")) if point_of is not None else index.get(_key(r, keys))
+        i = point(r.get("hash"), r)
         if i is not None:
             at_point.setdefault(i, []).append(r)
     defenses: dict[tuple, dict[str, Any]] = {}
@@ -113,6 +113,15 @@ def choose(rows: list[dict[str, Any]], grid: dict[str, list[Any]],
                     "chosen": best and best["point"], "chosen_acc": best and best["worst_acc"],
                     "complete": len(known) == len(points), "setting": d["setting"]})
     return out
+
+
+def _point_finder(points: list[dict[str, Any]], point_of: dict[str, int] | None) -> Callable[[str, dict], int | None]:
+    """(hash, row) -> the run's grid point: by `point_of` where given, else by the grid value it holds."""
+    if point_of is not None:
+        return lambda run_hash, row: point_of.get(run_hash)
+    keys = list(points[0])
+    index = {_key(p, keys): i for i, p in enumerate(points)}
+    return lambda run_hash, row: index.get(_key(row, keys))
 
 
 def varies(values: dict[str, Any], key: str) -> bool:
@@ -176,8 +185,7 @@ class Tuning:
         """`point_of`: each run's grid point (by hash), as choose() takes it."""
         self.points = grid_points(grid)
         self.keys = keys = list(grid)
-        index = {_key(p, keys): i for i, p in enumerate(self.points)}
-        where = (lambda h, sc: point_of[h]) if point_of is not None else (lambda h, sc: index[_key(sc, keys)])
+        point = _point_finder(self.points, point_of)
         self.defenses: dict[tuple, list[dict[tuple, list[str]]]] = {}
         # every channel's attack spelled out, as the store's rows; clean runs left out: the rule
         # reads attacked runs only
@@ -188,7 +196,7 @@ class Tuning:
         for run_hash, sc in attacked:
             ident = self.identity(sc)
             by_point = self.defenses.setdefault(ident, [{} for _ in self.points])
-            by_point[where(run_hash, sc)].setdefault(_key(sc, ATTACK_FIELDS), []).append(run_hash)
+            by_point[point(run_hash, sc)].setdefault(_key(sc, ATTACK_FIELDS), []).append(run_hash)
         self.file_order = {a: i for i, a in enumerate(dict.fromkeys(_key(sc, ATTACK_FIELDS) for _, sc in attacked))}
 
     def identity(self, row: dict[str, Any]) -> tuple:
