@@ -118,6 +118,8 @@ class Plan:
     workdir: Path
     gamma: float = 0.0
     stages: list[Stage] = field(default_factory=list)
+    cut_down: dict[str, Any] = field(default_factory=dict)  # --set values the board's setting lacks
+
 
     @property
     def todo(self) -> int:
@@ -172,6 +174,22 @@ def board_setting(root: Path) -> dict[str, Any]:
     values = board_matrix(root)
     return {k: v for k, v in values.items()
             if k not in AXES and k not in ("description", "exclude") and not k.endswith("_attack_params")}
+
+
+def cut_down(root: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The overrides that change the board's setting: no published row shares it then."""
+    setting = {**board_setting(root), "gamma": board_gamma(root)}
+    return {k: v for k, v in overrides.items() if k not in setting or setting[k] != v}
+
+
+def work_folder(base: Path, slug: str, root: Path, overrides: dict[str, Any]) -> Path:
+    """`base`/`slug` at the board's setting; a cut-down check gets a folder of its own, so that
+    its files and their runs never stand for the full evaluation's."""
+    changed = cut_down(root, overrides)
+    if not changed:
+        return base / slug
+    digest = hashlib.sha256(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:8]
+    return base / f"{slug}-set-{digest}"
 
 
 def board_gamma(root: Path, overrides: dict[str, Any] | None = None) -> float:
@@ -234,7 +252,8 @@ def make_plan(root: Path, workdir: Path, defense: Defense, protocols: list[str] 
     unknown = [p for p in protocols if p not in board]
     if unknown:
         raise EvaluateError(f"--protocol {unknown[0]!r}: not a protocol of the board; allowed: {', '.join(board)}")
-    plan = Plan(defense, list(dict.fromkeys(protocols)), root, workdir, board_gamma(root, overrides))
+    plan = Plan(defense, list(dict.fromkeys(protocols)), root, workdir, board_gamma(root, overrides),
+                cut_down=cut_down(root, overrides or {}))
     workdir.mkdir(parents=True, exist_ok=True)
     for norm in plan.protocols:
         for name, values in stage_values(root, defense, norm, overrides or {}, trials).items():
@@ -422,7 +441,8 @@ def compare(plan: Plan, mine: list[dict[str, Any]], published: list[dict[str, An
     files = board_files(plan.root, plan)
     # the board's seeds (a search's trials, on tuning seeds, are runs of its confirmation file's cells too)
     mine = [r for r in mine if r.get("seed") in BOARD_SEEDS]
-    published = [r for r in published if r.get("seed") in BOARD_SEEDS]
+    # a cut-down check (--set changing the setting) shares no published row: it is compared with none
+    published = [] if plan.cut_down else [r for r in published if r.get("seed") in BOARD_SEEDS]
     mine_hashes = {r["hash"] for r in mine}
     pub_rows = read_rows(published, board_files(plan.root))
     pub_board = leaderboard(pub_rows, plan.gamma)
@@ -439,8 +459,10 @@ def compare(plan: Plan, mine: list[dict[str, Any]], published: list[dict[str, An
                       and p["worst_acc"] is not None and p["defense"] != r["defense"]]
             base = {"norm": r["norm"], "defense": r["defense"], "threat": mine_model, "against_threat": model}
             if not rivals or r["worst_acc"] is None:
+                none = (f"no published row at this setting ({', '.join(f'--set {k}={v!r}' for k, v in plan.cut_down.items())}"
+                        f" changes the board's)" if plan.cut_down else "no published row to compare with")
                 comparisons.append({**base, "against": None, "diff": None, "low": None, "high": None, "pairs": 0,
-                                    "verdict": "no published row to compare with" if not rivals else "no worst case"})
+                                    "verdict": none if not rivals else "no worst case"})
                 continue
             best = max(rivals, key=lambda p: p["worst_acc"])
             theirs = next((b for b in board.rows if (b["norm"], b["defense"], threat(b)) ==

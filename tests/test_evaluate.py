@@ -113,6 +113,26 @@ def test_the_mean_in_disguise_is_worse_than_the_published_best_paired(board, tmp
     assert "nothing to run" in err and again == got
 
 
+def test_a_cut_down_check_is_compared_with_no_published_row(board, tmp_path, capsys, clean_search_path,
+                                                            monkeypatch):
+    """--set rounds=4 changes the setting: the board's 8-round rows share none of it, so they are
+    neither shown nor compared with, and the check's files stand in a folder of their own."""
+    monkeypatch.chdir(board)
+    db = tmp_path / "e.sqlite"
+    got, _ = evaluate(capsys, board, db, "--set", "rounds=4", "--protocol", "fbn")
+    assert all(r["yours"] for r in got["rows"]) and len(got["rows"]) == 1
+    assert {c["against"] for c in got["comparisons"]} == {None}
+    assert {c["verdict"] for c in got["comparisons"]} == {"no published row at this setting (--set rounds=4 changes "
+                                                          "the board's)"}
+    from robustbn.evaluate import Defense, cut_down, work_folder
+    slug = Defense("mine:Average", "mine:Average").slug
+    assert [p.name for p in (tmp_path / "evaluate").iterdir()] == [
+        work_folder(tmp_path / "evaluate", slug, board, {"rounds": 4}).name]
+    assert work_folder(tmp_path / "evaluate", slug, board, {"rounds": 4}).name.startswith(f"{slug}-set-")
+    # the board's own value is no cut-down: --set rounds=8 is the full evaluation, in the plain folder
+    assert cut_down(board, {"rounds": 8, "gamma": 1.0}) == {}
+    assert work_folder(tmp_path / "evaluate", slug, board, {"rounds": 8}) == tmp_path / "evaluate" / slug
+
 def test_the_search_space_is_the_boards():
     from pathlib import Path
     shipped = tomllib.loads((Path(__file__).resolve().parent.parent / "scenarios" / "search_fbn_cc.toml").read_text())

@@ -64,7 +64,8 @@ def register(sub) -> None:
     p.add_argument("--root", default=".", metavar="DIR",
                    help="where the board's files are (scenarios/worst_case_fmnist.toml, docs/results.csv; default .)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="change the board's setting (a cut-down check: no published row shares it then)")
+                   help="change the board's setting: a cut-down check, in a work folder of its own and compared with "
+                        "no published row (none shares its setting)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
                    help="write each run's checkpoint every K rounds (default: every 2 minutes; 0: never)")
@@ -108,13 +109,13 @@ def cmd_evaluate(args) -> int:
 def _evaluate_defense(args, overrides) -> int:
     import json
 
-    from ..evaluate import TRIALS, Defense, compare, comparison_line, execute, make_plan, published_store
+    from ..evaluate import TRIALS, Defense, compare, comparison_line, execute, make_plan, published_store, work_folder
     from ..report import COLUMNS, Board, cells, markdown, rows_json, write_page
     from ..store import FINISHED, Store, strict_json
 
     defense = Defense(args.spec, args.bn or args.spec)
     root = Path(args.root)
-    workdir = Path(args.db).parent / "evaluate" / defense.slug
+    workdir = work_folder(Path(args.db).parent / "evaluate", defense.slug, root, overrides)
     store = Store(args.db)
     try:
         plan = make_plan(root, workdir, defense, args.protocol, store, overrides, args.trials or TRIALS)

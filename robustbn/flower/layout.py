@@ -99,6 +99,8 @@ def _values_per_channel(model: nn.Module, layout: Layout, example_input: torch.T
     """K per BN channel (values a BN layer normalizes per channel in one client's batch), by
     one forward of a copy of the model in training mode (the model itself is not touched)."""
     import copy
+    if not layout.layers:  # no BN layer, nothing to count
+        return torch.zeros(0)
     model = copy.deepcopy(model).train()
     seen: dict[str, int] = {}
     modules = dict(model.named_modules())
