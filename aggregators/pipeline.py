@@ -119,12 +119,18 @@ class Pipeline:
         self.check(x.shape[0])
         if self.needs_reference:
             reference = sanitize(check_reference(reference, x, self.spec))
-        x = sanitize(x)
+        x, d = sanitize(x), x.shape[1:]
         for step in self.pre:
             x = step.apply(x)
-        if self.needs_reference:
-            return self.agg.apply(x, reference)
-        return self.agg.apply(x)
+            if x.dim() != 2 or x.shape[1:] != d:
+                raise ValueError(f"{self.spec}: pre-aggregator {step.name!r} returned shape {tuple(x.shape)}; a "
+                                 f"pre-aggregator returns (rows, {d[0]}) rows")
+        out = self.agg.apply(x, reference) if self.needs_reference else self.agg.apply(x)
+        if not isinstance(out, torch.Tensor) or out.shape != d:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"{self.spec}: aggregator {self.agg.name!r} returned {got} for {x.shape[0]} messages of "
+                             f"{d[0]} values; an aggregator returns one ({d[0]},) vector")
+        return out
 
     def __repr__(self) -> str:
         return f"Pipeline({', '.join(map(repr, self.pre + [self.agg]))})"
@@ -178,8 +184,12 @@ def build(spec: str, f: int = 0, n: int | None = None, seed: int | None = None, 
             kwargs.setdefault("seed", seed)
         try:
             steps.append(cls(**kwargs))
-        except TypeError as e:  # a user's constructor that does not take what it declares
-            raise ValueError(f"{cls.name}: {e}") from None
+        except (TypeError, ValueError) as e:  # a user's constructor may say neither its name nor what it was given
+            text = str(e)
+            if not text.startswith(f"{cls.name}:"):  # the built-ins name themselves and the parameter
+                given_words = ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k != "f") or "no parameters"
+                text = f"{cls.name} ({given_words}): {text}"
+            raise ValueError(text) from None
     pipeline = Pipeline(steps[:-1], steps[-1])
     if n is not None:
         pipeline.check(n)

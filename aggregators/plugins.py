@@ -6,6 +6,8 @@ then on sys.path. Worker processes get the same search path (`search_path()`, th
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
 import os
 import sys
@@ -32,6 +34,30 @@ def search_path() -> list[str]:
 
 def is_reference(name) -> bool:
     return isinstance(name, str) and ":" in name
+
+
+def modules_named(spec) -> list[str]:
+    """The modules of the `module:Name` references in a name or pipeline spec ("nnm+mine:Rule")."""
+    if not isinstance(spec, str):
+        return []
+    return [step.partition(":")[0].strip() for step in spec.split("+") if is_reference(step.strip())]
+
+
+def module_digest(module_name: str) -> str:
+    """A short sha256 of the module's own file (a package: its __init__.py), as it is now: what
+    a run of a user's class ran. Files it imports are not covered."""
+    module = importlib.import_module(module_name)
+    path = getattr(module, "__file__", None)
+    if path is None:
+        return "no file"
+    stat = os.stat(path)
+    return _file_digest(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=256)  # a matrix asks once per scenario; the key changes with the file
+def _file_digest(path: str, mtime_ns: int, size: int) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()[:16]
 
 
 def _load(reference: str, base, what: str):

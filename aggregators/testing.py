@@ -154,6 +154,17 @@ def _finite_reference(m: Messages) -> torch.Tensor | None:
     return None if m.reference is None else m.reference.double()
 
 
+def one_answer_per_input(make, m: Messages):
+    """Two calls of one pipeline on the same messages agree: a rule that keeps state across
+    calls without declaring `stateful` fails here (a random or declared stateful one is exempt)."""
+    p = make(m)
+    if p.random or is_stateful(p):
+        raise NotApplicable
+    first = _run(p, m.x, m.reference).clone()
+    _close(_run(p, m.x, m.reference), first, "a second call of one pipeline on the same messages (state kept "
+                                             "across calls must be declared: stateful = True)")
+
+
 def shape_dtype_device(make, m: Messages):
     out = _run(make(m), m.x, m.reference)
     if out.shape != m.x.shape[1:] or out.dtype != m.x.dtype or out.device != m.x.device:
@@ -291,6 +302,7 @@ def stacked_equals_calls(make, m: Messages):
 
 PROPERTIES: dict[str, Callable] = {
     "output shape, dtype and device kept": shape_dtype_device,
+    "one answer per input (no undeclared state)": one_answer_per_input,
     "input never written": input_not_written,
     "finite under up to f hostile rows": finite_under_hostile_rows,
     "permutation invariance": permutation_invariant,
@@ -328,24 +340,19 @@ def check(spec: str, f: int | None = None, n: int | None = None, examples: int =
 
     Every drawn set goes through every property (one draw serves them all); the first failure
     is shrunk, reported for the property failing on the shrunk set, and the properties left
-    run again on fresh draws. A pipeline that is neither random nor stateful is built once per
-    f; any other is built afresh for every call a property compares."""
+    run again on fresh draws. The pipeline is built afresh for every call a property compares,
+    so that state a rule keeps (declared or not) never carries from one draw to the next."""
     # a bad spec or property: one clear error before anything runs
     first = build(spec, f=f or 0, **params)
-    needs_reference, reuse = first.needs_reference, not first.random and not is_stateful(first)
+    needs_reference = first.needs_reference
     chosen = list(PROPERTIES) if properties is None else list(properties)
     unknown = [name for name in chosen if name not in PROPERTIES]
     if unknown:
         raise ValueError(f"unknown propert{'ies' if len(unknown) > 1 else 'y'} {', '.join(map(repr, unknown))}; "
                          f"allowed: {', '.join(map(repr, PROPERTIES))}")
-    built: dict[int, Pipeline] = {}
 
     def make(m: Messages) -> Pipeline:
-        if not reuse:
-            return build(spec, f=m.f, seed=seed, **params)
-        if m.f not in built:
-            built[m.f] = build(spec, f=m.f, seed=seed, **params)
-        return built[m.f]
+        return build(spec, f=m.f, seed=seed, **params)
 
     sizes = st.just(n) if n is not None else st.none()
     outcomes: dict[str, Outcome] = {}

@@ -200,6 +200,9 @@ class Federation:
         self.local_momentum: dict[str, torch.Tensor] = {k: torch.zeros_like(v) for k, v in self.local.items()}
         self.train_loss_sum = torch.zeros((), device=self.device)
         self.train_loss_rounds = 0
+        # rounds whose aggregated update had a non-finite coordinate (kept at its old value): a
+        # pipeline that returns NaN or inf is survived, and counted so that the run says so
+        self.nonfinite_rounds = torch.zeros((), dtype=torch.long, device=self.device)
 
     def _init_server(self) -> None:
         """The server's channels (attack and pipeline each) and client filter."""
@@ -428,6 +431,12 @@ class Federation:
         set_phase(self.model, phase)
         self.measuring = bool(self.layers) and phase == "train"
 
+    def _finite_update(self, update: torch.Tensor) -> torch.Tensor:
+        """The aggregated update with non-finite coordinates zeroed (their weights stay), counted
+        in `nonfinite_rounds` on the device (no host sync)."""
+        self.nonfinite_rounds = self.nonfinite_rounds + (~torch.isfinite(update)).any()
+        return torch.nan_to_num(update, nan=0.0, posinf=0.0, neginf=0.0)
+
     def _apply_local(self, grads_local, lr) -> None:
         """DSGD: client-local parameters (FedBN's BN affine, HBN's alpha) take their own
         momentum SGD step, like the weights but without leaving the client."""
@@ -471,7 +480,7 @@ class Federation:
         elif self.measuring and self.protocol.sends(self.t):
             stats = self.protocol.client_report(self.shared_mean, self.shared_var, aux[1], aux[2], self.count, sc.n,
                                                 sc.bn_momentum)
-        update = torch.nan_to_num(self._exchange(g, stats, self.honest), nan=0.0, posinf=0.0, neginf=0.0)
+        update = self._finite_update(self._exchange(g, stats, self.honest))
         self.theta = _unflat(flat_theta - lr * update, self.theta, 0)
         self._apply_local(g_local, lr)
 
@@ -486,7 +495,7 @@ class Federation:
         for loss in losses:
             self.train_loss_sum += loss[:m].mean() / self.sc.local_steps
         deltas = _flat(theta, 1) - _flat(self.theta, 0)
-        update = torch.nan_to_num(self._exchange(deltas, stats, m), nan=0.0, posinf=0.0, neginf=0.0)
+        update = self._finite_update(self._exchange(deltas, stats, m))
         self.theta = _unflat(_flat(self.theta, 0) + update, self.theta, 0)
         for k, v in local.items():
             if clients is None:
@@ -546,7 +555,7 @@ class Federation:
     # ---- checkpoints -----------------------------------------------------------------------
 
     STATE = ("t", "theta", "local", "local_momentum", "momentum_buf", "shared_mean", "shared_var", "local_mean",
-             "local_var", "train_loss_sum", "train_loss_rounds", "kept_history")
+             "local_var", "train_loss_sum", "train_loss_rounds", "kept_history", "nonfinite_rounds")
 
     def _components(self) -> dict[str, object]:
         """What the user may bring, whose state `checkpoint.component_state` finds by walking."""

@@ -122,7 +122,18 @@ def defense_words(row: dict[str, Any]) -> str:
 
 
 def norm_words(norm: str) -> str:
-    return PROTOCOLS[norm].label if norm in PROTOCOLS else norm
+    """A protocol's `label`; a user's protocol (`module:Name`) by the label its own class sets
+    (one it inherits would name the protocol it changes), else by its reference."""
+    if norm in PROTOCOLS:
+        return PROTOCOLS[norm].label
+    if isinstance(norm, str) and ":" in norm:
+        from .protocols import get
+        try:
+            cls = get(norm)
+        except ValueError:  # a run of a module not on this machine's path: its reference
+            return norm
+        return cls.__dict__.get("label", norm)
+    return norm
 
 
 def norm_order(norm: Any) -> tuple:

@@ -57,7 +57,10 @@ def parse_override(text: str, flag: str = "--set", example: str = "rounds=100") 
     key, raw = (part.strip() for part in text.split("=", 1))
     if not key:
         raise MatrixError(f"{flag} {text!r}: no key before '='; expected key=value, e.g. {flag} {example}")
-    return key, _toml_or_text(raw)
+    value = _toml_or_text(raw)
+    if isinstance(value, str) and raw[:1] in "[{" and raw.count("[") + raw.count("{") != raw.count("]") + raw.count("}"):
+        raise MatrixError(f"{flag} {key}: {raw!r} is not a TOML value (its brackets do not close), e.g. {flag} {example}")
+    return key, value
 
 
 def _toml_or_text(raw: str) -> Any:
@@ -151,6 +154,7 @@ def expand(values: dict[str, Any], source: str = "<scenario>") -> list[Scenario]
         bad = sorted(set(rule) - set(FIELDS))
         if bad:
             raise MatrixError(f"{source}: exclude rule names unknown key {bad[0]!r}; allowed: scenario fields")
+        _check_rule_names(rule, source)
     fields = {k: v for k, v in values.items() if k not in SPECIAL}
     axes = {k: alternatives(k, v) for k, v in fields.items()}
     for key, options in axes.items():
@@ -159,7 +163,9 @@ def expand(values: dict[str, Any], source: str = "<scenario>") -> list[Scenario]
     scenarios = []
     for chosen in _combinations(axes, rules):
         try:
-            scenarios.append(Scenario.from_dict(chosen))
+            sc = Scenario.from_dict(chosen)
+            _record_user_code(sc)
+            scenarios.append(sc)
         except ScenarioError as e:
             where = ", ".join(f"{k}={v!r}" for k, v in chosen.items() if k in axes and len(axes[k]) > 1)
             raise MatrixError(f"{source}: key {e.field!r}: {str(e).split(': ', 1)[1]}"
@@ -169,6 +175,36 @@ def expand(values: dict[str, Any], source: str = "<scenario>") -> list[Scenario]
     if not scenarios:
         raise MatrixError(f"{source}: every combination is excluded; nothing to run")
     return scenarios
+
+
+def _check_rule_names(rule: dict[str, Any], source: str) -> None:
+    """An exclude rule's attack, pipeline and protocol names exist (a misspelt one would match
+    nothing and exclude nothing, silently)."""
+    import attacks
+    from aggregators.pipeline import step_class
+
+    from .protocols import get as get_protocol
+
+    for key, wanted in rule.items():
+        find = attacks.get if key.endswith("_attack") else get_protocol if key == "norm" else \
+            (lambda spec: [step_class(s.strip()) for s in spec.split("+")]) if key.endswith("_agg") else None
+        for value in (alternatives(key, wanted) if find else []):
+            if isinstance(value, str):
+                try:
+                    find(value)
+                except ValueError as e:
+                    raise MatrixError(f"{source}: exclude rule {key} = {value!r}: {e}") from None
+
+
+def _record_user_code(sc: Scenario) -> None:
+    """The digests of the user's modules the scenario names, as they are now: a file that
+    records others (written before a module changed) is refused rather than run as the old code."""
+    now = sc.current_user_code()
+    if sc.user_code is not None and sc.user_code != now:
+        raise ScenarioError("user_code", f"the file records {sc.user_code}, and your modules' files are now {now}: "
+                                         f"a module changed since the file was written; delete its user_code "
+                                         f"line to run the code as it is now")
+    sc.user_code = now
 
 
 def load(path: str | Path, overrides: list[str] = ()) -> tuple[dict[str, Any], list[Scenario]]:

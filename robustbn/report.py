@@ -32,13 +32,15 @@ import html
 import io
 import math
 import re
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .labels import attack_short, attack_words, hashable, is_attack, norm_order, norm_words
+from .labels import attack_short, attack_words, hashable, is_attack, norm_order, norm_words, text
 from .stats import CLIPPED_PERCENT_WORDS, DIVERGED_WORDS, MIN_PAIRS, PAIRED_WORDS, accuracy, too_few
-from .worst import BEST, SEARCHED, SEARCHED_PREFIX, TIED, WORSE, matrix_rows, setting_groups, worst_case
+from .worst import (BEST, DEFENSE_FIELDS, SEARCHED, SEARCHED_PREFIX, TIED, WORSE, matrix_rows, setting_groups,
+                    worst_case)
 
 CATALOGUE_MATRIX = "scenarios/worst_case_fmnist.toml"
 CLEAN_MATRIX = "scenarios/clean_worst_case_fmnist.toml"
@@ -119,6 +121,13 @@ def leaderboard(rows: list[dict[str, Any]], gamma: float = 0.0) -> Board:
     table = worst_case(rows)
     keys, groups = setting_groups(rows)
     clean_f0 = {_same_but_f(t, keys): t for t in table if not t.get("f")}
+    # a store of several settings (other n, rounds, a user's code): each row names its own
+    values = defaultdict(set)
+    for t in table:
+        for k in keys:
+            if t.get("f") and k not in DEFENSE_FIELDS | {"norm", "f", "gamma", "defense", "server_data"}:
+                values[t["norm"], t["defense"], k].add(hashable(t.get(k)))
+    apart = sorted({k for (_, _, k), v in values.items() if len(v) > 1}, key=keys.index)
     out = []
     for t in table:
         if not t.get("f"):
@@ -135,7 +144,8 @@ def leaderboard(rows: list[dict[str, Any]], gamma: float = 0.0) -> Board:
                  "acc": accuracy(r)[0], "diverged": accuracy(r)[1], "source": r.get("source"),
                  "worst": is_attack(r) and attack_words(r) == t["worst_attack"]} for r in runs]
         searched = sorted({str(r["source"]) for r in runs if SEARCHED_PREFIX in str(r.get("source") or "")})
-        out.append({"norm": t["norm"], "defense": t["defense"], "clean_acc": clean[0], "worst_acc": t["worst_acc"],
+        defense = t["defense"] + (f" ({', '.join(f'{k}={text(t.get(k))}' for k in apart)})" if apart else "")
+        out.append({"norm": t["norm"], "defense": defense, "clean_acc": clean[0], "worst_acc": t["worst_acc"],
                     "ci_low": t["ci_low"], "ci_high": t["ci_high"], "seeds": t["seeds"],
                     "worst_attack": t["worst_attack"], "verdict": t["verdict"], "server_data": t["server_data"],
                     "searched": ", ".join(searched) or None, "attacks_run": t["attacks"],

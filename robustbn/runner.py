@@ -67,6 +67,7 @@ def run(scenario: Scenario | dict[str, Any], data: Dataset | None = None, progre
     ends the run (the attack search's pruner)."""
     sc = scenario if isinstance(scenario, Scenario) else Scenario.from_dict(scenario)
     sc.validated()
+    sc.check_user_code()  # a module edited since the run was planned is not the code it records
     start = time.perf_counter()
     data = data or load_dataset(sc.dataset, sc.data_dir, sc.device)
     parts = federation_parts(sc, data.y_train.cpu().numpy())
@@ -105,6 +106,10 @@ def run(scenario: Scenario | dict[str, Any], data: Dataset | None = None, progre
             save()
         if stop_requested() and t < sc.rounds:
             raise Interrupted(stop_requested())
+    nonfinite = int(fed.nonfinite_rounds)  # one host sync, at the end
+    if nonfinite:  # the pipeline returned NaN or inf: survived (those weights kept), and said
+        evaluations = history()
+        evaluations[-1]["nonfinite_update_rounds"] = nonfinite
     local = fed.protocol.local_statistics
     mean, var = (fed.local_mean[0], fed.local_var[0]) if local else (fed.shared_mean, fed.shared_var)
     stats = {name: {"mean": m.tolist(), "var": v.tolist()}

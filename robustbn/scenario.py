@@ -26,7 +26,11 @@ from .protocols import get as get_protocol
 ALGORITHMS = ("dsgd", "fedavg")
 # Fields left out of `to_dict` while unused, so that a scenario which does not use them keeps
 # the run hash it had before they existed (stores hold hours of finished runs).
-UNUSED_WHEN_NONE = (*BN_CHANNEL_KEYS, "agg_f", "root_size", "client_filter", "client_filter_params", "eval_subset")
+UNUSED_WHEN_NONE = (*BN_CHANNEL_KEYS, "agg_f", "root_size", "client_filter", "client_filter_params", "eval_subset",
+                    "user_code")
+# the fields that may name a user's class (`module:Name`), whose module's file a run records
+REFERENCE_FIELDS = ("dataset", "model", "norm", "client_filter", "grad_agg", "bn_agg", "bn_mean_agg", "bn_var_agg",
+                    "grad_attack", "bn_attack", "bn_mean_attack", "bn_var_attack")
 FLTRUST_ROOT_SIZE = 100  # Cao et al. 2021: a root set of 100 examples
 INF = float("inf")
 # room for the seeds derived from a scenario's (seed + k) within a signed 64-bit integer, which
@@ -281,6 +285,9 @@ class Scenario:
     eval_subset: int | None = None
     seed: int = 0
     device: str = "cpu"
+    # {module: digest of its file} for every user's module the scenario names (`module:Name`),
+    # filled in where a file is expanded (robustbn.matrix): an edited module is another run
+    user_code: dict | None = None
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "Scenario":
@@ -381,6 +388,9 @@ class Scenario:
             raise ScenarioError("participation", "partial participation is for algorithm = 'fedavg'")
         if self.agg_f is not None:
             _integer("agg_f", self.agg_f, 0, self.n - 1)
+        if self.user_code is not None and not all(isinstance(k, str) and isinstance(v, str)
+                                                  for k, v in self.user_code.items()):
+            raise ScenarioError("user_code", f"a table of module names to file digests (strings), got {self.user_code!r}")
         if self.eval_subset is not None:
             _integer("eval_subset", self.eval_subset, 1)
             if protocol.personalized:
@@ -400,6 +410,25 @@ class Scenario:
         protocol.check(self)
         self._check_memory()
         return self
+
+    def current_user_code(self) -> dict[str, str] | None:
+        """{module: digest of its file now} for the user's modules this scenario names, or None."""
+        from aggregators.plugins import module_digest, modules_named
+
+        names = sorted({m for key in REFERENCE_FIELDS for m in modules_named(getattr(self, key))})
+        return {m: module_digest(m) for m in names} or None
+
+    def check_user_code(self) -> None:
+        """A ScenarioError where a module this scenario recorded has changed since."""
+        if self.user_code is None:
+            return
+        now = self.current_user_code() or {}
+        changed = [m for m in self.user_code if now.get(m) != self.user_code[m]]
+        if changed:
+            m = changed[0]
+            raise ScenarioError("user_code", f"module {m!r} has changed since this run was planned (file digest "
+                                             f"{self.user_code[m]}, now {now.get(m, 'not named')}); its runs are "
+                                             f"of the code as it was: plan them again (robustbn run FILE)")
 
     def _resolved(self, name: str, find):
         """`find` of field `name`: a registered name or a `module:Name` reference."""

@@ -119,11 +119,16 @@ def distinct(d: Estimate) -> bool:
     return d.has_interval and (d.low > 0 or d.high < 0)
 
 
+def no_verdict(n: int) -> str:
+    """"1 seed, no verdict": what a comparison of too few paired seeds says."""
+    return f"{n} seed{'s' * (n != 1)}, no verdict"
+
+
 def too_few(n: int | None) -> str | None:
     """"n seeds, no verdict" where fewer than MIN_PAIRS seeds were paired, else None."""
     if n is None or n >= MIN_PAIRS:
         return None
-    return f"{n} seed{'s' * (n != 1)}, no verdict"
+    return no_verdict(n)
 
 
 # ---- over runs ---------------------------------------------------------------------------------
@@ -216,7 +221,7 @@ def compare(rows: list[dict[str, Any]], field: str, a: Any, b: Any,
     and its channels count as one field). Per setting (the other fields but the seed): the
     setting's fields, pairs, a_acc and b_acc (the means over the paired seeds), diff (the mean
     of B - A), ci_low, ci_high (its 95% interval; None below 2 pairs) and verdict ("B higher",
-    "A higher", "tied": the interval includes 0, or there is none). Accuracies as
+    "A higher", "tied": the interval includes 0; "1 pair, no verdict": there is none). Accuracies as
     `accuracy`. Also {"a": runs of A, "b": runs of B, "unpaired": runs of either with no
     partner}."""
     sides = {"a": [r for r in rows if same(r.get(field), a)], "b": [r for r in rows if same(r.get(field), b)]}
@@ -234,7 +239,8 @@ def compare(rows: list[dict[str, Any]], field: str, a: Any, b: Any,
         paired_runs += sum(hashable(r.get("seed")) in sb for r in runs["a"])
         paired_runs += sum(hashable(r.get("seed")) in sa for r in runs["b"])
         d = paired(sa, sb)
-        verdict = ("B higher" if d.low > 0 else "A higher") if distinct(d) else "tied"
+        verdict = ("B higher" if d.low > 0 else "A higher") if distinct(d) else "tied" if d.has_interval else \
+            f"{d.n} pair, no verdict"
         first = (runs["a"] + runs["b"])[0]
         out.append({**{k: first.get(k) for k in fields}, "pairs": d.n,
                     "a_acc": math.fsum(sa[s] for s in shared) / d.n, "b_acc": math.fsum(sb[s] for s in shared) / d.n,

@@ -56,7 +56,8 @@ The definition, exactly (`worst_case`):
   best over the seeds both ran: `gap` is the mean of (best - this) per seed, `gap_low`,
   `gap_high` its 95% Student-t interval, `gap_pairs` the number of seeds paired. A setting is
   "worse" where that interval excludes 0, else "tied for best" (one shared seed: no
-  interval, so tied). The best is "best" where every other is worse, else "tied for best". A
+  interval, so "1 seed, no verdict"). The best is "best" where every other is worse, else
+  "tied for best" (or, with no tie but a setting of one shared seed, no verdict). A
   setting alone in its group, or without a worst case, has no verdict (None).
 
 Words, orderings and value keys come from robustbn.labels (shared with the tables and plots).
@@ -83,7 +84,8 @@ from .labels import (
     sort_key,
     varying,
 )
-from .stats import ACCURACY, Estimate, accuracy, by_seed, distinct, interval, paired, scenario_fields, too_few
+from .stats import (ACCURACY, Estimate, accuracy, by_seed, distinct, interval, no_verdict, paired, scenario_fields,
+                    too_few)
 
 # the attack fields of every channel (attack and its parameters), and the BN shorthands
 ATTACK_PARTS = tuple(p for p in PARTS if p.startswith("attack"))
@@ -267,9 +269,12 @@ def _verdicts(table: list[dict[str, Any]], per_seed: dict[int, dict | None], tun
         for t in group:
             if t is not best:
                 d = paired(per_seed[id(t)], per_seed[id(best)])
-                t.update({"verdict": WORSE if distinct(d) and d.low > 0 else TIED, "gap": d.mean,
-                          "gap_low": d.low, "gap_high": d.high, "gap_pairs": d.n})
-        best["verdict"] = BEST if all(t["verdict"] == WORSE for t in group if t is not best) else TIED
+                verdict = (WORSE if distinct(d) and d.low > 0 else TIED) if d.has_interval else no_verdict(d.n)
+                t.update({"verdict": verdict, "gap": d.mean, "gap_low": d.low, "gap_high": d.high, "gap_pairs": d.n})
+        rest = [t["verdict"] for t in group if t is not best]
+        # one pair has no interval: neither "tied" nor "worse" can be said of it, so no verdict
+        best["verdict"] = BEST if all(v == WORSE for v in rest) else TIED if TIED in rest else \
+            next(v for v in rest if v != WORSE)
 
 
 def shown_columns(table: list[dict[str, Any]]) -> list[str]:

@@ -175,13 +175,15 @@ KINDS = {
     "grad_attack_params": "dict", "bn_attack_params": "dict?", "grad_agg": "str", "bn_agg": "str?",
     "grad_agg_params": "dict", "bn_agg_params": "dict?", "agg_f": "int?", "root_size": "int?",
     "client_filter": "str?", "client_filter_params": "dict?", "eval_every": "int", "eval_subset": "int?", "seed": "int", "device": "str",
+    "user_code": "digests?",  # {module: digest}: of the sample values only None (the {"a": 1} table is no digests)
     **{f"{c}_{p}": "dict?" if p.endswith("params") else "str?"
        for c in ("bn_mean", "bn_var") for p in ("attack", "attack_params", "agg", "agg_params")},
 }
 VALUES = {"int": 3, "float": 2.5, "str": "x", "bool": True, "None": None, "list": [1, "x"], "dict": {"a": 1},
           "nested": [[1, "x"], {"a": [None]}]}
 TAKES = {"str": {"str"}, "str?": {"str", "None"}, "int": {"int"}, "int?": {"int", "None"}, "num": {"int", "float"},
-         "bool?": {"bool", "None"}, "dict": {"dict"}, "dict?": {"dict", "None"}, "list": {"list", "nested"}}
+         "bool?": {"bool", "None"}, "dict": {"dict"}, "dict?": {"dict", "None"}, "list": {"list", "nested"},
+         "digests?": {"None"}}
 
 
 def test_the_kind_table_names_every_field():

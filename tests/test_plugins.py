@@ -120,6 +120,93 @@ def test_a_users_rule_and_attack_run_alike_in_process_in_workers_and_as_register
     assert by_seed(tmp / "builtin.sqlite") == here
 
 
+def test_an_edited_module_is_another_run_never_the_stale_one(user_dir, capsys):
+    """A run records the digest of each user's module it names: editing the module (a default,
+    the arithmetic) makes the next `robustbn run` run again, a file that records the old digest
+    is refused, and a run planned before the edit refuses to start after it."""
+    import json
+    import sqlite3
+
+    from robustbn.errors import ScenarioError
+    from robustbn.matrix import load
+    from robustbn.runner import run as run_scenario
+
+    tmp, rules, atks = user_dir
+    file = matrix(tmp / "mine.toml", f"{atks}:Shift", f"nnm+{rules}:MyTrimmedMean")
+    planned = load(file)[1][0]
+    assert set(planned.user_code) == {rules, atks}
+    db = tmp / "s.sqlite"
+    with torch_threads(1):
+        assert run(file, "--db", db) == 0
+        module = tmp / f"{atks}.py"
+        module.write_text(module.read_text().replace("delta: float = 1.0", "delta: float = 2.0"))
+        assert run(file, "--db", db) == 0
+    assert "2 runs: 2 ran, 0 already done" in capsys.readouterr().out.splitlines()[-1]
+    with sqlite3.connect(db) as con:
+        codes = [json.loads(c) for (c,) in con.execute("SELECT json_extract(scenario, '$.user_code') FROM runs")]
+    assert len(codes) == 4 and len({c[atks] for c in codes}) == 2 and len({c[rules] for c in codes}) == 1
+    with pytest.raises(ScenarioError, match=f"module '{atks}' has changed since this run was planned"):
+        run_scenario(planned)
+    # a file written with the old digest (a confirmation file, say) is refused in one line
+    (tmp / "old.toml").write_text(MATRIX.format(attack=f"{atks}:Shift", agg=f"nnm+{rules}:MyTrimmedMean")
+                                  + f"user_code = {{ {rules} = \"{planned.user_code[rules]}\", "
+                                    f"{atks} = \"{planned.user_code[atks]}\" }}\n")
+    assert run(tmp / "old.toml", "--db", db) == 2
+    err = capsys.readouterr().err
+    assert "user_code" in err and "a module changed since the file was written" in err and "Traceback" not in err
+
+
+BROKEN_RULES = '''
+import torch
+import aggregators
+
+
+class NaNOut(aggregators.Rule):
+    """A bug that returns NaN: the server survives it, and the run says so."""
+    name = "nan-out"
+
+    def apply(self, x):
+        return torch.full_like(x[0], float("nan"))
+
+
+class TwoValues(aggregators.Rule):
+    """A bug that returns the wrong shape: the error names the rule."""
+    name = "two-values"
+
+    def apply(self, x):
+        return x[:, :2].mean(0)
+'''
+
+
+def test_a_rule_returning_nan_is_survived_and_said_and_a_wrong_shape_names_the_rule(tmp_path, clean_search_path,
+                                                                                     capsys):
+    import json
+    import sqlite3
+
+    module = f"broken_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(BROKEN_RULES)
+    file = tmp_path / "m.toml"
+    file.write_text(TINY_RUN + f'''norm = "fbn"
+f = 1
+grad_attack = "sf"
+grad_agg = ["{module}:NaNOut", "median"]
+seed = 0
+''')
+    db = tmp_path / "s.sqlite"
+    with torch_threads(1):
+        assert run(file, "--db", db) == 0
+    err = capsys.readouterr().err
+    assert "warning: 1 run had a non-finite aggregated update" in err and "in 6 of 6 rounds" in err
+    with sqlite3.connect(db) as con:
+        last = {json.loads(sc)["grad_agg"]: json.loads(h)[-1] for sc, h in con.execute("SELECT scenario, history "
+                                                                                         "FROM runs")}
+    assert last[f"{module}:NaNOut"]["nonfinite_update_rounds"] == 6 and "nonfinite_update_rounds" not in last["median"]
+    with torch_threads(1):
+        assert run(file, "--db", db, "--set", f'grad_agg="nnm+{module}:TwoValues"') == 1
+    err = capsys.readouterr().err
+    assert "nnm+two-values: aggregator 'two-values' returned (2,)" in err and "returns one (" in err
+
+
 def test_a_users_rule_and_attack_run_alike_in_ray_tasks(user_dir, local_ray, capsys):  # noqa: F811
     tmp, rules, atks = user_dir
     file = matrix(tmp / "mine.toml", f"{atks}:Shift", f"nnm+{rules}:MyTrimmedMean")
@@ -218,6 +305,7 @@ from robustbn.protocols import FBN
 class HalfFBN(FBN):
     """FBN whose server keeps half of its old statistics."""
     name = "half-fbn"
+    label = "FBN, half kept"
 
     def server_update(self, shared_mean, shared_var, *args, **kwargs):
         mean, var = super().server_update(shared_mean, shared_var, *args, **kwargs)
@@ -253,6 +341,8 @@ def test_a_users_protocol_model_and_dataset_run_in_a_matrix(user_dir, capsys):
     rows = list(histories(tmp / "r.sqlite").values())
     assert len(rows) == 2 and all(status == "done" and history for status, history in rows)
     assert rows[0][1] != rows[1][1]  # the user's server half ran
+    from robustbn.labels import norm_words
+    assert norm_words("mine_pmd:HalfFBN") == "FBN, half kept"  # its own label in tables and plots, not FBN's
 
 
 def test_register_decorators_put_a_users_classes_in_every_catalogue(user_dir):

@@ -454,3 +454,16 @@ def test_a_tie_is_named_while_another_row_lacks_seeds():
                  row("mean", 0.10, "1 seed, no verdict", seeds=1), row("dnc", 0.10, "worse")])
     assert text.startswith("no single pick, 2 tied for best: arc (") and "cc (" in text
     assert "not yet compared: mean: 1 seed, no verdict" in text and "use " not in text and "dnc" not in text
+
+
+def test_rows_of_other_settings_are_rows_of_their_own_named_by_what_differs(tmp_path):
+    """A store of two settings (n = 10 and n = 12): each defense is a row per setting, which
+    says its n, never one row whose numbers mix them (nor two rows of one name)."""
+    store = Store(tmp_path / "s.sqlite")
+    for n, acc in ((10, 0.3), (12, 0.6)):
+        for seed in range(5):
+            run(store, acc + 0.01 * seed, n=n, seed=seed, **DEFENSES["mean"], **CATALOGUE["sf-mean"])
+    board = leaderboard(store.rows())
+    store.close()
+    got = {r["defense"]: round(r["worst_acc"], 6) for r in board.rows}
+    assert got == {"mean (n=10)": 0.32, "mean (n=12)": 0.62}

@@ -193,11 +193,16 @@ def test_compare_pairs_by_seed_and_matches_scipy(compare_db, capsys):
     assert record["pairs"] == "3" and float(record["ci_high"]) == pytest.approx(-expected("naive")[3].low)
 
 
-def test_compare_with_one_pair_has_no_interval(compare_db, capsys):
+def test_compare_with_one_pair_has_no_interval_and_no_verdict(compare_db, capsys):
     assert main(["results", "--db", compare_db, "--compare", "bn_agg=mean", "bn_agg=nnm+median",
                  "--where", "seed=1", "--where", "norm=naive"]) == 0
     out = capsys.readouterr().out
-    assert "1 pair, no interval" in out and "tied" in out
+    assert "1 pair, no interval" in out and "1 pair, no verdict" in out and " tied" not in out.splitlines()[2]
+    # the worst-case view says the same of one seed: no verdict, where it once said "tied for best"
+    assert main(["results", "--db", compare_db, "--worst-case", "--where", "seed=1", "--where", "norm=naive",
+                 "--format", "json"]) == 0
+    verdicts = {t["verdict"] for t in json.loads(capsys.readouterr().out)}
+    assert verdicts == {"1 seed, no verdict"}, verdicts
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -109,6 +109,7 @@ def test_an_lr_grid_under_absolute_milestones_says_which_rounds_it_tunes(tmp_pat
         capsys.readouterr().err
     assert main(["tune", str(path), "--db", str(tmp_path / "t.sqlite"), "--grid", "momentum=[0.0,0.9]", "--plan"]) == 0
     assert "lr_milestones" not in capsys.readouterr().err
+    assert not (tmp_path / "t.sqlite").exists()  # a plan runs nothing and makes no store
 
 
 def test_a_rules_parameter_is_tuned_as_the_runs_hold_it(tmp_path, capsys):

@@ -98,7 +98,12 @@ def cmd_check_aggregator(args) -> int:
             outcomes = check_attack(args.spec, f=args.f or 2, examples=args.examples, **params)
         else:
             outcomes = check(args.spec, f=args.f, n=args.n, examples=args.examples, seed=args.seed, **params)
-    except HypothesisException as e:  # sizes the kit cannot draw message sets of
+    except HypothesisException as e:
+        if "Flaky" in type(e).__name__:  # one input, two answers: state the rule keeps without saying so
+            raise UsageError(f"{args.spec}: gave two answers to one input on two calls (hypothesis: "
+                             f"{type(e).__name__}); a rule that keeps state across calls declares stateful = True "
+                             f"(docs/guide/extending.md), and a random one random = True") from None
+        # sizes the kit cannot draw message sets of
         raise UsageError(f"--f {args.f}, --n {args.n}: the property kit cannot draw message sets of this size "
                          f"({type(e).__name__}); try smaller values") from None
     except (ValueError, TypeError) as e:
@@ -150,6 +155,9 @@ def _kappa_line(args, params: dict, width: int) -> bool:
     except ValueError as e:
         print(f"{label}not measured: {str(e).splitlines()[0]}")
         return args.max_kappa is None
+    except Exception as e:  # a user's rule may raise anything: a failure in one line, never a traceback
+        print(f"{label}failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+        return False
     print(label + m.summary())
     problems = []
     if m.exceeds_declared:

@@ -87,9 +87,10 @@ def cmd_evaluate(args) -> int:
     overrides = {}
     for text in args.set:
         key, value = parse_override(text)
-        if key not in FIELDS or key in ("norm", "grad_agg", "bn_agg", "client_filter") or key.endswith("_attack"):
+        if key not in FIELDS or key in ("norm", "grad_agg", "bn_agg", "client_filter", "seed", "user_code") or \
+                key.endswith("_attack"):
             raise UsageError(f"--set {key}: not a field of the setting (the defense is SPEC and --bn, the protocols "
-                             f"--protocol, the attacks the board's)")
+                             f"--protocol, the attacks and seeds the board's)")
         overrides[key] = value
     from aggregators.plugins import add_search_path
     add_search_path(Path.cwd())  # `module:Name`: a module of the current directory, as python finds it

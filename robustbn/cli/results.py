@@ -55,8 +55,9 @@ def register(sub) -> None:
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help=WHERE_HELP)
     add_matrix_option(p)
-    p.add_argument("--status", choices=["done", "diverged", "running", "failed", "pruned"], default=None,
-                   help="running runs show their rounds_done and history so far")
+    p.add_argument("--status", choices=["done", "diverged", "running", "failed", "pruned"], action="append",
+                   default=None, help="only runs of this status, repeatable (running runs show their rounds_done and "
+                                      "history so far)")
     p.add_argument("--worst-case", action="store_true",
                    help="per setting, the worst accuracy over attacks (seeds pooled, 95%% CI), the attack achieving "
                         "it, and a verdict per norm protocol: best, tied for best (paired over seeds), worse")
@@ -81,7 +82,7 @@ def cmd_results(args) -> int:
                                    ("--compare", args.compare)) if on]
     if len(views) > 1:
         raise UsageError(f"{' and '.join(views)}: one view at a time; give one of them")
-    if views and args.status not in (None, "done", "diverged"):
+    if views and not set(args.status or ()) <= {"done", "diverged"}:
         raise UsageError(f"{views[0]} reads finished runs only (leave out --status)")
     check_tuned(args.tuned, args.worst_case, "--worst-case")
     compared = _compared(args.compare) if args.compare else None
@@ -171,7 +172,7 @@ def _print_compare(rows: list[dict], field: str, a, b, fmt: str) -> int:
         print(text_table(shown, columns))
         print(f"{len(table)} settings, {sum(t['pairs'] for t in table)} pairs; a_acc, b_acc: mean final accuracy "
               "over the paired seeds (diverged runs count at chance, 1 / classes); verdict: B or A higher where the interval excludes 0, "
-              "else tied")
+              "else tied; one pair has no interval and no verdict")
     if counts["unpaired"]:
         print(f"{counts['unpaired']} run{'s' * (counts['unpaired'] != 1)} had no partner (left out)")
     return 0

@@ -90,7 +90,30 @@ def run_and_report(values_scenarios, source, args) -> int:
               f"the same command resumes them", file=sys.stderr)
     for run_hash, error in summary.failed:
         print(f"  failed {run_hash}: {error}", file=sys.stderr)
+    _warn_nonfinite(args.db, scenarios)
     return code
+
+
+def _warn_nonfinite(db: str, scenarios) -> None:
+    """One line for the matrix's runs whose aggregated update was not finite in some round (a
+    rule that returned NaN or inf: the engine kept those weights, so the run says so)."""
+    import json
+
+    from ..store import Store, scenario_hash
+
+    hashes = {scenario_hash(sc.to_dict()) for sc in scenarios}
+    store = Store(db)
+    try:  # the text search first: a store holds thousands of runs, and these are rare
+        found = store.db.execute("SELECT hash, history FROM runs WHERE history LIKE '%nonfinite_update_rounds%'")
+        bad = [(h, last["nonfinite_update_rounds"], last.get("round", 0)) for h, text in found if h in hashes
+               for last in [json.loads(text)[-1]] if last.get("nonfinite_update_rounds")]
+    finally:
+        store.close()
+    if bad:
+        h, k, rounds = bad[0]
+        print(f"warning: {len(bad)} run{'s' * (len(bad) > 1)} had a non-finite aggregated update (NaN or inf from "
+              f"the pipeline; those weights kept their values), e.g. {h} in {k} of {rounds} rounds: "
+              f"docs/guide/engine.md", file=sys.stderr)
 
 
 @fail_cleanly

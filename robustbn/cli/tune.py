@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 from .common import DEFAULT_DB, RAW, UsageError, fail_cleanly, key_values, text_table
@@ -118,7 +119,7 @@ def cmd_tune(args) -> int:
     from ..checkpoint import Interrupted, checkpoint_dir
     from ..evaluate import toml_text
     from ..execute import pending, run_matrix
-    from ..matrix import carried_search_path, expand, parse_override, read
+    from ..matrix import MatrixError, carried_search_path, expand, parse_override, read
     from ..store import FINISHED, Store, scenario_hash, strict_json
     from ..tune import (REPORT_SEEDS, TUNING_SEEDS, Tuning, check_matrix, choose, grid_points, setting_fields, slug,
                         tuned_values, varies)
@@ -160,7 +161,13 @@ def cmd_tune(args) -> int:
     # each point's runs: the runs may spell a point otherwise (a rule's defaults filled in, "none" as no value)
     file_values, by_hash, point_of = read(tuning), {}, {}
     for i, point in enumerate(points):
-        for sc in expand({**file_values, **point}, str(tuning)):
+        try:
+            expanded = expand({**file_values, **point}, str(tuning))
+        except MatrixError as e:  # a point some defense of the matrix cannot take
+            words = ", ".join(f"{k}={v!r}" for k, v in point.items())
+            raise UsageError(f"--grid {words}: {e}; tune a parameter one defense at a time (--set grad_agg=... "
+                             f"first) where the matrix's defenses do not all take it") from None
+        for sc in expanded:
             h = scenario_hash(sc.to_dict())
             if point_of.setdefault(h, i) != i:
                 words = lambda p: ", ".join(f"{k}={v!r}" for k, v in p.items())
@@ -168,7 +175,9 @@ def cmd_tune(args) -> int:
                                  f"each value once")
             by_hash[h] = sc
     scenarios = list(by_hash.values())
-    store = Store(args.db)
+    # a plan runs nothing and makes no store: it counts against an empty one where there is none
+    empty = tempfile.TemporaryDirectory() if args.plan and not Path(args.db).is_file() else None
+    store = Store(Path(empty.name) / "plan.sqlite") if empty else Store(args.db, readonly=args.plan)
     try:
         todo, _, total = pending(scenarios, store, None, None)
         plan = Tuning([(h, sc.to_dict()) for h, sc in by_hash.items()], grid, point_of)
@@ -195,6 +204,8 @@ def cmd_tune(args) -> int:
         rows = [r for r in store.rows(status=FINISHED) if r["hash"] in by_hash]
     finally:
         store.close()
+        if empty:
+            empty.cleanup()
     choices = choose(rows, grid, None if args.full else plan.pruned({r["hash"]: r for r in rows}), point_of)
     written = []
     at_keys = setting_fields(values)  # gamma, f, ... where the matrix varies them: each point tuned apart
