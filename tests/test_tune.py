@@ -112,6 +112,19 @@ def test_an_lr_grid_under_absolute_milestones_says_which_rounds_it_tunes(tmp_pat
     assert not (tmp_path / "t.sqlite").exists()  # a plan runs nothing and makes no store
 
 
+def test_the_tuning_file_evaluates_once_on_the_whole_test_set(tmp_path, capsys):
+    """One evaluation a run, the last (on every test example): a matrix's eval_subset would
+    change only the tuning runs' hashes, so the tuning file leaves it out and its tuned files
+    keep it."""
+    path = tmp_path / "m.toml"
+    path.write_text(toml_text({**MATRIX, "eval_subset": 40}))
+    out = tmp_path / "out"
+    assert main(["tune", str(path), "--db", str(tmp_path / "t.sqlite"), "--grid", "lr=[0.1,0.2]", "--plan", "--out",
+                 str(out)]) == 0
+    tuning = tomllib.loads((out / "tune_m.toml").read_text())
+    assert tuning["eval_every"] == MATRIX["rounds"] and "eval_subset" not in tuning
+
+
 def test_a_rules_parameter_is_tuned_as_the_runs_hold_it(tmp_path, capsys):
     """CC's tau (issue 38: a knob that decides a defense): the grid's `{tau = 1}` is stored with
     cc's defaults filled in; the runs find their point, the defense is one row whatever its tau,

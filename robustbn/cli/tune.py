@@ -150,8 +150,10 @@ def cmd_tune(args) -> int:
     tuning = out / f"tune_{Path(args.matrix).stem}.toml"
     tuning_values = {**values, **grid, "seed": seeds}
     if isinstance(values.get("rounds"), int) and not isinstance(values.get("eval_every"), list):
-        # the rule reads final accuracies only: one evaluation a run, at its last round (a fifth of a run saved)
+        # the rule reads final accuracies only: one evaluation a run, at its last round (a fifth of a run saved),
+        # on the whole test set, so an eval_subset would change nothing but the runs' hashes
         tuning_values["eval_every"] = values["rounds"]
+        tuning_values.pop("eval_subset", None)
     tuning_values["description"] = (f"robustbn tune: {args.matrix} at every point of the grid "
                                     f"({', '.join(f'{k} = {v}' for k, v in grid.items())}) on the tuning seeds "
                                     f"{', '.join(map(str, seeds))}")
