@@ -6,7 +6,6 @@ then on sys.path. Worker processes get the same search path (`search_path()`, th
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib
 import os
@@ -43,19 +42,28 @@ def modules_named(spec) -> list[str]:
     return [step.partition(":")[0].strip() for step in spec.split("+") if is_reference(step.strip())]
 
 
+_LOADED: dict[str, tuple[object, str]] = {}  # module name -> (the module object, its file's digest when first read)
+
+
 def module_digest(module_name: str) -> str:
-    """A short sha256 of the module's own file (a package: its __init__.py), as it is now: what
-    a run of a user's class ran. Files it imports are not covered."""
+    """A short sha256 of the module's own file (a package: its __init__.py) as this process
+    loaded it: what a run of a user's class runs here. Read at the first call for the module
+    object in sys.modules, and kept while that object is the one loaded (a file edited since
+    is `file_digest`'s). Files it imports are not covered."""
     module = importlib.import_module(module_name)
-    path = getattr(module, "__file__", None)
+    seen = _LOADED.get(module_name)
+    if seen is not None and seen[0] is module:
+        return seen[1]
+    digest = file_digest(module_name)
+    _LOADED[module_name] = (module, digest)
+    return digest
+
+
+def file_digest(module_name: str) -> str:
+    """A short sha256 of the module's file as it is on disk now."""
+    path = getattr(importlib.import_module(module_name), "__file__", None)
     if path is None:
         return "no file"
-    stat = os.stat(path)
-    return _file_digest(path, stat.st_mtime_ns, stat.st_size)
-
-
-@functools.lru_cache(maxsize=256)  # a matrix asks once per scenario; the key changes with the file
-def _file_digest(path: str, mtime_ns: int, size: int) -> str:
     with open(path, "rb") as fh:
         return hashlib.sha256(fh.read()).hexdigest()[:16]
 

@@ -160,11 +160,11 @@ def expand(values: dict[str, Any], source: str = "<scenario>") -> list[Scenario]
     for key, options in axes.items():
         if not options:
             raise MatrixError(f"{source}: key {key!r} is an empty list; give at least one value")
-    scenarios = []
+    scenarios, on_disk = [], {}
     for chosen in _combinations(axes, rules):
         try:
             sc = Scenario.from_dict(chosen)
-            _record_user_code(sc)
+            _record_user_code(sc, on_disk)
             scenarios.append(sc)
         except ScenarioError as e:
             where = ", ".join(f"{k}={v!r}" for k, v in chosen.items() if k in axes and len(axes[k]) > 1)
@@ -183,11 +183,13 @@ def _check_rule_names(rule: dict[str, Any], source: str) -> None:
     import attacks
     from aggregators.pipeline import step_class
 
+    from .filters import get as get_filter
     from .protocols import get as get_protocol
 
     for key, wanted in rule.items():
         find = attacks.get if key.endswith("_attack") else get_protocol if key == "norm" else \
-            (lambda spec: [step_class(s.strip()) for s in spec.split("+")]) if key.endswith("_agg") else None
+            (lambda spec: [step_class(s.strip()) for s in spec.split("+")]) if key.endswith("_agg") else \
+            (lambda name: name == "none" or get_filter(name)) if key == "client_filter" else None
         for value in (alternatives(key, wanted) if find else []):
             if isinstance(value, str):
                 try:
@@ -196,10 +198,19 @@ def _check_rule_names(rule: dict[str, Any], source: str) -> None:
                     raise MatrixError(f"{source}: exclude rule {key} = {value!r}: {e}") from None
 
 
-def _record_user_code(sc: Scenario) -> None:
-    """The digests of the user's modules the scenario names, as they are now: a file that
-    records others (written before a module changed) is refused rather than run as the old code."""
+def _record_user_code(sc: Scenario, on_disk: dict[str, str]) -> None:
+    """The digests of the user's modules the scenario names, as this process loaded them: a
+    file that records others (written before a module changed) is refused rather than run as
+    the old code, and so is a module edited after this process imported it (its runs would
+    run the old code under the new file's name). `on_disk`: the files' digests, read once
+    per expansion."""
+    from aggregators.plugins import file_digest
+
     now = sc.current_user_code()
+    for module, loaded in (now or {}).items():
+        if on_disk.setdefault(module, file_digest(module)) != loaded:
+            raise ScenarioError("user_code", f"module {module!r} changed on disk after this process imported it: "
+                                             f"start a new process (or importlib.reload it) to run the edited code")
     if sc.user_code is not None and sc.user_code != now:
         raise ScenarioError("user_code", f"the file records {sc.user_code}, and your modules' files are now {now}: "
                                          f"a module changed since the file was written; delete its user_code "

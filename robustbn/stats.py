@@ -171,6 +171,24 @@ def seeds_interval(runs: Iterable[dict[str, Any]]) -> Estimate:
     return interval(by_seed(runs).values(), ACCURACY)
 
 
+def code_versions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with `user_code` kept only for the modules the rows hold at two or more digests
+    (None where no such module is named): a user's rule or attack is one setting with the
+    built-ins, which record none, and two versions of one module stay apart."""
+    digests = defaultdict(set)
+    for r in rows:
+        for module, digest in (r.get("user_code") or {}).items():
+            digests[module].add(digest)
+    several = {m for m, d in digests.items() if len(d) > 1}
+    if not digests:
+        return rows
+    out = []
+    for r in rows:
+        kept = {m: d for m, d in (r.get("user_code") or {}).items() if m in several}
+        out.append({**r, "user_code": kept or None})
+    return out
+
+
 def scenario_fields(rows: list[dict[str, Any]], without: Iterable[str] = ()) -> list[str]:
     """Every scenario field of the rows but the seed and `without`."""
     drop = NOT_SCENARIO | {"seed"} | set(without)
@@ -185,6 +203,7 @@ def pooled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     the scenario fields, then seeds, runs, mean_acc (the mean over seeds of the final
     accuracy), ci_low, ci_high (its 95% interval, clipped to [0, 1]; None for one seed), std
     (over seeds) and diverged (runs counted at chance). In the order the rows come."""
+    rows = code_versions(rows)
     fields = scenario_fields(rows)
     cells = defaultdict(list)
     for r in rows:
@@ -224,6 +243,7 @@ def compare(rows: list[dict[str, Any]], field: str, a: Any, b: Any,
     "A higher", "tied": the interval includes 0; "1 pair, no verdict": there is none). Accuracies as
     `accuracy`. Also {"a": runs of A, "b": runs of B, "unpaired": runs of either with no
     partner}."""
+    rows = code_versions(rows)
     sides = {"a": [r for r in rows if same(r.get(field), a)], "b": [r for r in rows if same(r.get(field), b)]}
     fields = scenario_fields(sides["a"] + sides["b"], related(field))
     settings: dict[tuple, dict[str, list]] = defaultdict(lambda: {"a": [], "b": []})

@@ -192,7 +192,10 @@ class Tuning:
         attacked = [(h, sc) for h, sc in ((h, expand_channels(sc)) for h, sc in planned) if is_attack(sc)]
         self.hashes = {h for h, _ in attacked}
         # a defense's fields: those of any planned run (a field at its default may be left out)
-        self.fields = [k for k in scenario_fields([sc for _, sc in attacked], ATTACK_KEYS) if k not in keys]
+        # (user_code follows the rule and attack names: a user's attack is no other defense; one
+        # tuning expands its file once, so one version of each module)
+        self.fields = [k for k in scenario_fields([sc for _, sc in attacked], ATTACK_KEYS)
+                       if k not in keys and k != "user_code"]
         for run_hash, sc in attacked:
             ident = self.identity(sc)
             by_point = self.defenses.setdefault(ident, [{} for _ in self.points])

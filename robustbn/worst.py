@@ -84,8 +84,8 @@ from .labels import (
     sort_key,
     varying,
 )
-from .stats import (ACCURACY, Estimate, accuracy, by_seed, distinct, interval, no_verdict, paired, scenario_fields,
-                    too_few)
+from .stats import (ACCURACY, Estimate, accuracy, by_seed, code_versions, distinct, interval, no_verdict, paired,
+                    scenario_fields, too_few)
 
 # the attack fields of every channel (attack and its parameters), and the BN shorthands
 ATTACK_PARTS = tuple(p for p in PARTS if p.startswith("attack"))
@@ -186,7 +186,7 @@ def setting_groups(rows: list[dict[str, Any]]) -> tuple[list[str], dict[tuple, l
     """(the fields that make a setting, {a setting's values of them: its finished runs}), as
     `worst_case` groups them; a table row `t` is the setting `tuple(hashable(t.get(k)) for k in
     keys)`."""
-    rows = [_filled(r) for r in rows if r.get("status", "done") in ("done", "diverged")]
+    rows = [_filled(r) for r in code_versions(rows) if r.get("status", "done") in ("done", "diverged")]
     keys = setting_keys(rows)
     settings: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:

@@ -139,7 +139,11 @@ def test_an_edited_module_is_another_run_never_the_stale_one(user_dir, capsys):
     with torch_threads(1):
         assert run(file, "--db", db) == 0
         module = tmp / f"{atks}.py"
-        module.write_text(module.read_text().replace("delta: float = 1.0", "delta: float = 2.0"))
+        module.write_text(module.read_text().replace("delta: float = 1.0", "delta: float = 2.50"))
+        # this process still holds the old module: it refuses rather than run it under the new digest
+        assert run(file, "--db", db) == 2
+        assert "changed on disk after this process imported it" in capsys.readouterr().err
+        del sys.modules[atks]  # what a new process does: import the edited file
         assert run(file, "--db", db) == 0
     assert "2 runs: 2 ran, 0 already done" in capsys.readouterr().out.splitlines()[-1]
     with sqlite3.connect(db) as con:
@@ -154,6 +158,32 @@ def test_an_edited_module_is_another_run_never_the_stale_one(user_dir, capsys):
     assert run(tmp / "old.toml", "--db", db) == 2
     err = capsys.readouterr().err
     assert "user_code" in err and "a module changed since the file was written" in err and "Traceback" not in err
+
+
+def test_a_users_rule_and_attack_share_a_setting_with_the_built_ins(user_dir, capsys):
+    """user_code tells versions of a module apart, not a user's class from a built-in: the
+    worst case is over both attacks, the two defenses are compared, and --compare pairs them."""
+    import json
+
+    tmp, rules, atks = user_dir
+    (tmp / "both.toml").write_text(TINY_RUN + f'''norm = "fbn"
+f = 1
+grad_attack = ["{atks}:Shift", "sf"]
+grad_agg = ["nnm+{rules}:MyTrimmedMean", "median"]
+bn_attack = "sf"
+bn_agg = "median"
+seed = [0, 1]
+''')
+    db = tmp / "b.sqlite"
+    with torch_threads(1):
+        assert run(tmp / "both.toml", "--db", db) == 0
+    capsys.readouterr()
+    assert main(["results", "--db", str(db), "--worst-case", "--format", "json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    assert len(table) == 2 and all(t["attacks"] == 2 and t["verdict"] is not None for t in table), table
+    assert main(["results", "--db", str(db), "--compare", "grad_agg=median", f"grad_agg=nnm+{rules}:MyTrimmedMean",
+                 "--format", "json"]) == 0
+    assert sum(t["pairs"] for t in json.loads(capsys.readouterr().out)) == 4  # 2 attacks x 2 seeds
 
 
 BROKEN_RULES = '''

@@ -65,7 +65,9 @@ def test_shipped_scenario_files_keep_their_run_hashes(clean_search_path):
     assert len(recorded) >= 20 and "demo" in recorded
     for name, hashes in recorded.items():
         scenarios = expand(tomllib.loads(DEMO_TOML), "demo") if name == "demo" else load(root / name)[1]
-        # a user's module's runs also record its file's digest (user_code), which an edit changes on purpose
+        # a user's module's runs also record its file's digest (user_code), which an edit changes on purpose;
+        # a scenario of built-ins records none
+        assert all((s.user_code is None) == (s.current_user_code() is None) for s in scenarios), name
         now = [scenario_hash({k: v for k, v in s.to_dict().items() if k != "user_code"}) for s in scenarios]
         assert len(set(now)) == len(now) and not set(hashes) - set(now), name
 

@@ -90,18 +90,19 @@ def run_and_report(values_scenarios, source, args) -> int:
               f"the same command resumes them", file=sys.stderr)
     for run_hash, error in summary.failed:
         print(f"  failed {run_hash}: {error}", file=sys.stderr)
-    _warn_nonfinite(args.db, scenarios)
+    _warn_nonfinite(args.db, scenarios, args.device)
     return code
 
 
-def _warn_nonfinite(db: str, scenarios) -> None:
+def _warn_nonfinite(db: str, scenarios, device: str | None) -> None:
     """One line for the matrix's runs whose aggregated update was not finite in some round (a
     rule that returned NaN or inf: the engine kept those weights, so the run says so)."""
     import json
 
     from ..store import Store, scenario_hash
 
-    hashes = {scenario_hash(sc.to_dict()) for sc in scenarios}
+    # the runs as stored: --device replaces the files' device (execute.pending)
+    hashes = {scenario_hash({**sc.to_dict(), **({"device": device} if device else {})}) for sc in scenarios}
     store = Store(db)
     try:  # the text search first: a store holds thousands of runs, and these are rare
         found = store.db.execute("SELECT hash, history FROM runs WHERE history LIKE '%nonfinite_update_rounds%'")

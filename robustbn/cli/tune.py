@@ -165,8 +165,10 @@ def cmd_tune(args) -> int:
     for i, point in enumerate(points):
         try:
             expanded = expand({**file_values, **point}, str(tuning))
-        except MatrixError as e:  # a point some defense of the matrix cannot take
-            words = ", ".join(f"{k}={v!r}" for k, v in point.items())
+        except MatrixError as e:
+            if not any(f"key {k!r}" in str(e) for k in point):
+                raise
+            words = ", ".join(f"{k}={v!r}" for k, v in point.items())  # a point some defense cannot take
             raise UsageError(f"--grid {words}: {e}; tune a parameter one defense at a time (--set grad_agg=... "
                              f"first) where the matrix's defenses do not all take it") from None
         for sc in expanded:
