@@ -85,7 +85,9 @@ done
 # issue 38: every other best or tied row, searched alike; --confirm writes the confirmation file, the
 # best trial's attack on seeds 0-4
 for cell in hbn_cc hbn_bucketing_cc hbn_arc_nnm_trmean hbn_bnguard naive_bnguard fixbn_bnguard fbn_mean \
-            naive_arc_nnm_trmean naive_bucketing_cc naive_cc fixbn_arc_nnm_trmean fixbn_bucketing_cc fixbn_cc; do
+            naive_arc_nnm_trmean naive_bucketing_cc naive_cc fixbn_arc_nnm_trmean fixbn_bucketing_cc fixbn_cc \
+            gn_mean gn_bucketing_cc gn_arc_nnm_trmean gn_cc fixbn_mean hbn_mean fedtan_bucketing_cc \
+            fedtan_arc_nnm_trmean fedtan_cc fedtan_mean fbn_dnc_heldout fbn_nnm_trmean_heldout; do
   robustbn attack-search scenarios/search_$cell.toml --db $DB --format json \
     --confirm scenarios/searched_worst_$cell.toml > docs/search_$cell.json
   $RUN scenarios/searched_worst_$cell.toml
