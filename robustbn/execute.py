@@ -177,14 +177,18 @@ def in_shard(run_hash: str, shard: tuple[int, int] | None) -> bool:
     return shard is None or int(run_hash, 16) % shard[1] == shard[0]
 
 
+def on_device(sc: Scenario, device: str | None) -> Scenario:
+    """The scenario as it runs and is stored under `--device` (None: its own device)."""
+    return dataclasses.replace(sc, device=device).validated() if device else sc
+
+
 def pending(scenarios: list[Scenario], store: Store, device: str | None = None,
             shard: tuple[int, int] | None = None) -> tuple[Todo, int, int]:
     """(hash, scenario) of the runs of this shard still to do, how many of the shard are done
     already, and how many runs the shard has."""
     todo, skipped, in_this_shard = [], 0, 0
     for sc in scenarios:
-        if device:
-            sc = dataclasses.replace(sc, device=device).validated()
+        sc = on_device(sc, device)
         run_hash = scenario_hash(sc.to_dict())
         if not in_shard(run_hash, shard):
             continue

@@ -27,13 +27,21 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 def clean_search_path(monkeypatch):
     """A test that adds `module:Name` search directories and imports a user's modules leaves
     the search path, sys.path and sys.modules as it found them."""
+    import os
+
     from aggregators import plugins
     monkeypatch.setattr(plugins, "_SEARCH", [])
+    before = list(sys.path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     modules = set(sys.modules)
     yield
+    # only the user's modules, from the directories the test added: a library first imported
+    # during the test (scipy, say) stays, since its C extensions cannot load twice in a process
+    added = tuple(os.path.abspath(d) + os.sep for d in {*sys.path, *plugins._SEARCH} - set(before) if d)
     for name in set(sys.modules) - modules:
-        del sys.modules[name]
+        path = getattr(sys.modules[name], "__file__", None)
+        if path and os.path.abspath(path).startswith(added):
+            del sys.modules[name]
 
 
 @pytest.fixture(autouse=True)

@@ -99,10 +99,10 @@ def _warn_nonfinite(db: str, scenarios, device: str | None) -> None:
     rule that returned NaN or inf: the engine kept those weights, so the run says so)."""
     import json
 
+    from ..execute import on_device
     from ..store import Store, scenario_hash
 
-    # the runs as stored: --device replaces the files' device (execute.pending)
-    hashes = {scenario_hash({**sc.to_dict(), **({"device": device} if device else {})}) for sc in scenarios}
+    hashes = {scenario_hash(on_device(sc, device).to_dict()) for sc in scenarios}  # the runs as stored
     store = Store(db)
     try:  # the text search first: a store holds thousands of runs, and these are rare
         found = store.db.execute("SELECT hash, history FROM runs WHERE history LIKE '%nonfinite_update_rounds%'")
