@@ -3,6 +3,7 @@ a scenario file beside their module or registered in Python, run like the built-
 process, in `--jobs` workers and in Ray tasks; every bad reference is one line and exit 2."""
 
 import importlib
+import math
 import subprocess
 import sys
 import tomllib
@@ -235,6 +236,24 @@ seed = 0
         assert run(file, "--db", db, "--set", f'grad_agg="nnm+{module}:TwoValues"') == 1
     err = capsys.readouterr().err
     assert "nnm+two-values: aggregator 'two-values' returned (2,)" in err and "returns one (" in err
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs CUDA"))])
+def test_a_nan_rule_is_counted_on_the_runs_device_and_its_updates_never_applied(tmp_path, clean_search_path,
+                                                                               device):
+    module = f"broken_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(BROKEN_RULES)
+    plugins.add_search_path(tmp_path)
+    # GroupNorm: no BN statistics, so a model whose updates are never applied evaluates alike every round
+    sc = dict(dataset="synthetic-images", norm="gn", n=4, f=1, rounds=4, batch_size=8, eval_every=1,
+              grad_attack="sf", grad_agg=f"{module}:NaNOut", device=device)
+    with torch_threads(1):
+        result = robustbn.run(sc)
+    assert result.device.startswith(device)
+    assert result.history[-1]["nonfinite_update_rounds"] == 4
+    losses = {h["test_loss"] for h in result.history}
+    assert len(result.history) == 4 and len(losses) == 1 and all(math.isfinite(v) for v in losses)
 
 
 def test_a_users_rule_and_attack_run_alike_in_ray_tasks(user_dir, local_ray, capsys):  # noqa: F811
