@@ -92,6 +92,22 @@ for cell in hbn_cc hbn_bucketing_cc hbn_arc_nnm_trmean hbn_bnguard naive_bnguard
     --confirm scenarios/searched_worst_$cell.toml > docs/search_$cell.json
   $RUN scenarios/searched_worst_$cell.toml
 done
+# issue 38: centered clipping against its paper: the authors' radius (tau 1 in robustbn's damped momenta)
+# and Byzantine fraction (f = 2 of 10), against the board's (tau 10, f = 3)
+$RUN scenarios/cc_paper_setting_fmnist.toml
+# issue 38: bucketing+cc at the authors' heterogeneous radius (tau 1 here) joins the board (the matrix
+# lines above hold it; in the order it ran), each row searched and confirmed like the others
+TAU1='grad_agg_params={ center = "previous", tau = 1.0 }'
+for norm in fbn naive fixbn hbn fedtan gn; do
+  $RUN scenarios/clean_worst_case_fmnist.toml --set norm=$norm --set grad_agg=bucketing+cc --set "$TAU1"
+  $RUN scenarios/worst_case_fmnist.toml $S38 --set norm=$norm --set grad_agg=bucketing+cc --set "$TAU1" --set client_filter=none
+done
+for norm in fbn naive fixbn hbn fedtan gn; do
+  cell=${norm}_bucketing_cc_tau1
+  robustbn attack-search scenarios/search_$cell.toml --db $DB --format json \
+    --confirm scenarios/searched_worst_$cell.toml > docs/search_$cell.json
+  $RUN scenarios/searched_worst_$cell.toml
+done
 # the adaptive worst case of three defenses (Optuna, 40 trials each, seeded; every trial a run in the store)
 for cell in fbn_nnm_trmean fbn_dnc naive_dnc; do
   robustbn attack-search scenarios/search_$cell.toml --db $DB --format json > docs/search_$cell.json

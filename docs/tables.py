@@ -903,6 +903,65 @@ def fedtan_findings() -> None:
     compare("FedWon against centralized BN, gamma = 0, T = 200", fig3("fedwon", 0.0), fig3("central", 0.0))
 
 
+# ---- centered clipping against its paper (issue 38) ---------------------------------------------
+
+CC_CHECK = "scenarios/cc_paper_setting_fmnist.toml"
+CC_ATTACKS = {"honest": "no attack", "alie": "ALIE", "ipm": "IPM (eps 0.1)", "minmax": "min-max (unit)"}
+
+
+def cc_tau(r) -> float:
+    return float((r["grad_agg_params"] or {}).get("tau", 10.0))
+
+
+def cc_check(grad_agg: str, tau: float, f: int, attack: str) -> list[dict]:
+    return [r for r in file_runs(CC_CHECK) if r["grad_agg"] == grad_agg and cc_tau(r) == tau and r["f"] == f
+            and r["grad_attack"] == attack]
+
+
+def cc_check_table() -> None:
+    """Rows: the rule at a radius; columns: f and the gradient attack (statistics honest)."""
+    pivot(file_runs(CC_CHECK), lambda r: f"{r['grad_agg']}, tau {cc_tau(r):g}",
+          lambda r: f"f = {r['f']}, {CC_ATTACKS[r['grad_attack']]}")
+
+
+@findings
+def cc_check_findings() -> None:
+    for agg in ("bucketing+cc", "cc"):
+        for f in (2, 3):
+            for attack in ("minmax", "alie", "ipm"):
+                compare(f"{agg}, f = {f}, {CC_ATTACKS[attack]}: tau 1 (the authors' radius) against tau 10 (the "
+                        f"board's)", cc_check(agg, 1.0, f, attack), cc_check(agg, 10.0, f, attack))
+    for tau in (1.0, 10.0):
+        compare(f"bucketing+cc, tau {tau:g}, min-max (unit): f = 2 (the paper's fraction) against f = 3",
+                cc_check("bucketing+cc", tau, 2, "minmax"), cc_check("bucketing+cc", tau, 3, "minmax"))
+        compare(f"f = 3, tau {tau:g}, min-max (unit): bucketing+cc against cc alone",
+                cc_check("bucketing+cc", tau, 3, "minmax"), cc_check("cc", tau, 3, "minmax"))
+
+
+def cc_check_summary() -> None:
+    """What the check says, from its paired comparisons (no verdict on fewer than MIN_PAIRS)."""
+    def word(b, a) -> str:
+        d = paired(by_seed(a), by_seed(b))
+        return verdict(d) if d.n else "not run"
+
+    def radius(agg, f, attack) -> str:
+        return word(cc_check(agg, 1.0, f, attack), cc_check(agg, 10.0, f, attack))
+
+    fraction = {tau: word(cc_check("bucketing+cc", tau, 2, "minmax"), cc_check("bucketing+cc", tau, 3, "minmax"))
+                for tau in (1.0, 10.0)}
+    print(f"- Under min-max (unit), bucketing+cc at tau 1 against tau 10: {radius('bucketing+cc', 2, 'minmax')} at "
+          f"f = 2, {radius('bucketing+cc', 3, 'minmax')} at f = 3. The fraction alone (f = 2 against f = 3): "
+          f"{fraction[1.0]} at tau 1, {fraction[10.0]} at tau 10.")
+    lowest = min(((seeds_interval(cc_check("bucketing+cc", 1.0, 2, a)), CC_ATTACKS[a]) for a in ("alie", "ipm", "minmax")
+                  if cc_check("bucketing+cc", 1.0, 2, a)), key=lambda e: e[0].mean)
+    print(f"- At the authors' radius and fraction (tau 1, f = 2), bucketing+cc's lowest of the three attacks: "
+          f"{interval_cell(lowest[0])}, {lowest[1]} (no attack: {cell(cc_check('bucketing+cc', 1.0, 2, 'honest'))}). "
+          f"At f = 3, under ALIE, tau 1 against tau 10: {radius('bucketing+cc', 3, 'alie')}.")
+    words = [radius("cc", f, a) for f in (2, 3) for a in ("alie", "ipm", "minmax")]
+    counts = ", ".join(f"{words.count(w)} {w}" for w in dict.fromkeys(sorted(words)))
+    print(f"- cc alone at tau 1 against tau 10, over its six cells (f = 2 and 3, three attacks): {counts}.")
+
+
 def scale_table() -> None:
     runs = sel(lambda r: cpu_schedule(r) and r["norm"] in ("fbn", "fbn-scale") and touched(r) in ("none", "both", "mean")
                and r["bn_mean_attack"] in ("sf", "none"), gamma=0.0, f=3, grad_attack="none", bn_agg="mean")
@@ -986,12 +1045,20 @@ ISSUE30 = (
 )
 
 
+@cache
+def cc_check_only() -> frozenset:
+    """The hashes of the centered-clipping check's runs that are not the board's."""
+    board = {r["hash"] for r in matrix_runs(board_files())}
+    return frozenset(r["hash"] for r in file_runs(CC_CHECK) if r["hash"] not in board)
+
+
 ISSUE38 = (
-    ("the new rows' clean runs", lambda r: clean_board_run(r) and issue38_row(r)),
+    ("the new rows' clean runs", lambda r: clean_board_run(r) and issue38_row(r) and r["hash"] not in cc_check_only()),
     ("the new rows' attacked runs", lambda r: r["rounds"] == 150 and r["gamma"] == 0.0 and not clean_board_run(r)
-     and issue38_row(r) and r["seed"] in BOARD_SEEDS),
+     and issue38_row(r) and r["seed"] in BOARD_SEEDS and r["hash"] not in cc_check_only()),
     ("IPM against the earlier rows", lambda r: r["rounds"] == 150 and r["gamma"] == 0.0 and r["grad_attack"] == "ipm"
      and not r.get("grad_attack_params") and not issue38_row(r) and r["seed"] in BOARD_SEEDS),
+    ("centered clipping against its paper (its runs beyond the board's)", lambda r: r["hash"] in cc_check_only()),
 )
 
 
