@@ -172,8 +172,8 @@ def board_matrix(root: Path) -> dict[str, Any]:
 def board_setting(root: Path) -> dict[str, Any]:
     """The scalar fields of the board's catalogue matrix (the setting every row shares)."""
     values = board_matrix(root)
-    return {k: v for k, v in values.items()
-            if k not in AXES and k not in ("description", "exclude") and not k.endswith("_attack_params")}
+    return {k: v for k, v in values.items() if k not in AXES and k not in ("description", "exclude")
+            and not k.endswith(("_attack_params", "_agg_params"))}  # a defense's parameters are the board's rows
 
 
 def cut_down(root: Path, overrides: dict[str, Any]) -> dict[str, Any]:

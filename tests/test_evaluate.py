@@ -139,6 +139,25 @@ def test_the_search_space_is_the_boards():
     assert {c: shipped["search"][c] for c in ("grad", "bn_mean", "bn_var")} == SPACE
 
 
+def test_the_boards_rows_parameters_stay_the_boards_and_a_users_defense_runs_once_per_attack():
+    """The shipped catalogue gives one of its rules a parameter axis (bucketing+cc at two
+    radii); a user's defense inherits the setting and the attacks, never those parameters."""
+    from pathlib import Path
+
+    from robustbn.evaluate import Defense, stage_values
+    from robustbn.matrix import expand
+
+    root = Path(__file__).resolve().parent.parent
+    assert isinstance(tomllib.loads((root / "scenarios" / "worst_case_fmnist.toml").read_text())["grad_agg_params"],
+                      list)
+    stages = stage_values(root, Defense("median", "median"), "fbn", {})
+    for values in stages.values():
+        assert not [k for k in values if k.endswith("_agg_params")]
+    catalogue = expand({k: v for k, v in stages["catalogue"].items() if k != "description"})
+    assert len(set(map(repr, catalogue))) == len(catalogue) == 55  # 11 attacks x 5 seeds, each once
+    assert {sc.grad_agg for sc in catalogue} == {"median"} and not any(sc.grad_agg_params for sc in catalogue)
+
+
 @pytest.mark.parametrize("args, words", [
     (["nosuch"], ["SPEC 'nosuch'", "unknown aggregation step", "allowed"]),
     (["median", "--protocol", "naive"], ["--protocol 'naive'", "not a protocol of the board", "allowed: fbn"]),
