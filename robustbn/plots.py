@@ -7,6 +7,7 @@ pooled: the mean, and its 95% confidence interval as the band (Student t over se
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
 from typing import Any, Iterable
 
@@ -204,7 +205,7 @@ def heatmap_figure(rows):
                     runs = f"{e.n} run{'s' * (e.n != 1)}"
                     words[i, j] = f"{e.mean:.2f}\n" + (f"{e.text(digits=2)} ({runs})" if e.has_interval else
                                                        e.text(digits=2, unit="run"))
-        im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        im = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
         for (i, j), text_ in words.items():
             ax.text(j, i, text_, ha="center", va="center", color="white" if grid[i, j] < 0.6 else "black",
                     fontsize=6.5)
@@ -243,8 +244,9 @@ def worst_case_figure(rows, title: str | None = None):
     panels = sorted({k[0] for k in cells}, key=lambda p: [sort_key(v) for v in p])
     # a panel's columns: the norm modes it has; its rows: every defense, so rows align across panels
     columns = {p: [m for m in norms if any(k[0] == p and k[2] == m for k in cells)] for p in panels}
-    widths = [max(1.2, 1.5 * len(columns[p])) for p in panels]
-    fig = plt.figure(figsize=(sum(widths) + 4, 2.6 + 0.55 * len(defenses)), layout="constrained")
+    # a cell holds up to six short lines (value, interval, a mixed attack, "searched")
+    widths = [max(1.6, 2.2 * len(columns[p])) for p in panels]
+    fig = plt.figure(figsize=(sum(widths) + 4.5, 2.8 + 0.9 * len(defenses)), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False, gridspec_kw={"width_ratios": widths})[0]
     im = None
     for n, (ax, panel) in enumerate(zip(axes, panels)):
@@ -258,30 +260,33 @@ def worst_case_figure(rows, title: str | None = None):
                 if t["worst_acc"] is None:
                     ax.text(j, i, "no attack\nrun", ha="center", va="center", color="gray", fontsize=7)
                     continue
-                grid[i, j] = v = t["worst_acc"]
+                v = t["worst_acc"]
+                grid[i, j] = 100 * v
                 seeds = f"{t['seeds']} seed{'s' * (t['seeds'] != 1)}"
-                ci = f"{ci_text(t['ci_low'], t['ci_high'], t['seeds'], digits=2)} ({seeds})" if t["ci_low"] is not None \
-                    else seeds  # one seed: no interval
+                ci = f"{ci_text(t['ci_low'], t['ci_high'], t['seeds'], scale=100, digits=1)} ({seeds})" \
+                    if t["ci_low"] is not None else seeds  # one seed: no interval
                 attack = t["worst_short"].replace(" + ", "\n+ ")  # a mixed attack, one channel a line
                 if t.get("worst_kind") == SEARCHED:
                     attack += "\n(searched)"
-                ax.text(j, i, f"{v:.2f}\n{ci}\n{attack}", ha="center",
-                        va="center", color="white" if v < 0.6 else "black", fontsize=6.5)
+                ax.text(j, i, f"{100 * v:.1f}%\n{ci}\n{attack}", ha="center",
+                        va="center", color="white" if v < 0.6 else "black", fontsize=7)
                 if t["verdict"] in (BEST, TIED):
                     ax.add_patch(plt.Rectangle((j - 0.47, i - 0.47), 0.94, 0.94, fill=False, edgecolor="red",
                                                linewidth=1.5 if t["verdict"] == BEST else 0.8))
         ax.set_facecolor("0.93")  # not run
-        im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        im = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
         ax.set_xticks(range(len(norms)), [norm_words(m) for m in norms], rotation=30, ha="right")
-        ax.set_yticks(range(len(defenses)), defenses if n == 0 else [""] * len(defenses))
+        ax.set_yticks(range(len(defenses)), [textwrap.fill(d, 42) for d in defenses] if n == 0 else
+                      [""] * len(defenses), fontsize=8)
         ax.set_title("\n".join(f"{k}={text(v)}" for k, v in zip(panel_keys, panel)) or "worst case over attacks",
                      fontsize=9)
         ax.set_xlabel("norm protocol")
         if n == 0:
             ax.set_ylabel("defense")
-    fig.colorbar(im, ax=list(axes), label="worst-case accuracy")
-    caption = (f"final test accuracy under the worst attack run (mean over seeds; {CLIPPED_WORDS}; seeds), and "
-               "that attack\nframed: the best defense per norm protocol (thick), or those tied for best (thin; "
+    fig.colorbar(im, ax=list(axes), label="worst-case accuracy (%)")
+    clipped = CLIPPED_WORDS.replace("[0, 1]", "[0, 100]")
+    caption = (f"final test accuracy (%) under the worst attack run (mean over seeds; {clipped}; seeds), and "
+               "that attack; a diverged run counts at chance (1 / classes)\nframed: the best defense per norm protocol (thick), or those tied for best (thin; "
                "paired over seeds)")
     if any(t.get("worst_kind") == SEARCHED for t in table):
         caption += "\n(searched): the worst attack is an attack search's, confirmed as ordinary runs (searched_worst_*.toml)"

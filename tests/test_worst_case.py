@@ -251,17 +251,18 @@ def test_plot_worst_case_heatmap(db, tmp_path, capsys):
     assert [a.get_title() for a in panels] == ["f=0", "f=3"]
     f3 = panels[1]
     assert [t.get_text() for t in f3.get_xticklabels()] == ["naive BN", "FBN"]
-    assert [t.get_text() for t in panels[0].get_yticklabels()] == [MEAN_DEFENSE, ROBUST_DEFENSE]
+    assert [t.get_text().replace("\n", " ") for t in panels[0].get_yticklabels()] == [MEAN_DEFENSE, ROBUST_DEFENSE]
     cells = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in f3.texts}
-    # each cell: the worst case, its 95% interval over the two seeds (clipped to [0, 1]) and their number, the attack
-    assert cells == {(0, 0): "0.21\n[0.08, 0.34] (2 seeds)\nSF (mean)", (1, 0): "0.47\n[0.34, 0.60] (2 seeds)\nALIE (grad)",
-                     (0, 1): "0.31\n[0.18, 0.44] (2 seeds)\nSF (mean)", (1, 1): "0.45\n[0.00, 1.00] (2 seeds)\nSF (mean)"}
+    # each cell, in %: the worst case, its 95% interval over the two seeds (clipped to [0, 100]) and their number,
+    # the attack
+    assert cells == {(0, 0): "21.0%\n[8.3, 33.7] (2 seeds)\nSF (mean)", (1, 0): "47.0%\n[34.3, 59.7] (2 seeds)\nALIE (grad)",
+                     (0, 1): "31.0%\n[18.3, 43.7] (2 seeds)\nSF (mean)", (1, 1): "45.0%\n[0.0, 100.0] (2 seeds)\nSF (mean)"}
     clean = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in panels[0].texts}
-    assert clean == {(0, 0): "0.91\n[0.78, 1.00] (2 seeds)\nno attack", (0, 1): "0.94\n[0.81, 1.00] (2 seeds)\nno attack"}
+    assert clean == {(0, 0): "91.0%\n[78.3, 100.0] (2 seeds)\nno attack", (0, 1): "94.0%\n[81.3, 100.0] (2 seeds)\nno attack"}
     # framed: naive's best (thick); FBN's two tied for best (thin)
     frames = {(round(p.get_y() + 0.47), round(p.get_x() + 0.47)): p.get_linewidth() for p in f3.patches}
     assert frames == {(1, 0): 1.5, (0, 1): 0.8, (1, 1): 0.8}
-    assert f3.images[0].get_array()[1, 0] == pytest.approx(0.47)
+    assert f3.images[0].get_array()[1, 0] == pytest.approx(47.0)
 
     out = tmp_path / "plots" / "worst.png"
     assert main(["plot", "worst-case", "--db", str(db), "--out", str(out), "--where", "f=3"]) == 0
@@ -295,7 +296,7 @@ def test_settings_whose_defense_words_read_alike_are_told_apart(tmp_path, capsys
     (panel,) = [a for a in fig.axes if a.get_title()]
     assert panel.get_title() == "worst case over attacks"
     assert [t.get_text() for t in panel.get_yticklabels()] == ["median, agg_f=3", "median, agg_f=None"]
-    assert sorted(t.get_text() for t in panel.texts) == ["0.60\n1 seed\nSF (mean, var)", "0.70\n1 seed\nSF (mean, var)"]
+    assert sorted(t.get_text() for t in panel.texts) == ["60.0%\n1 seed\nSF (mean, var)", "70.0%\n1 seed\nSF (mean, var)"]
 
 
 # ---- the searched attacks: confirmation files' runs are attacks like the catalogue's ----------
