@@ -33,7 +33,7 @@ from .labels import (  # noqa: E402
     text,
     varying,
 )
-from .stats import ACCURACY, CLIPPED_WORDS, accuracy, bands, ci_text, interval  # noqa: E402
+from .stats import ACCURACY, CLIPPED_WORDS, MIN_PAIRS, accuracy, bands, ci_text, interval  # noqa: E402
 from .worst import (  # noqa: E402
     ATTACK_FIELDS,
     BEST,
@@ -270,7 +270,7 @@ def worst_case_figure(rows, title: str | None = None):
                     attack += "\n(searched)"
                 ax.text(j, i, f"{100 * v:.1f}%\n{ci}\n{attack}", ha="center",
                         va="center", color="white" if v < 0.6 else "black", fontsize=7)
-                if t["verdict"] in (BEST, TIED):
+                if t["verdict"] in (BEST, TIED) and t["seeds"] >= MIN_PAIRS:  # fewer: no verdict, as the docs
                     ax.add_patch(plt.Rectangle((j - 0.47, i - 0.47), 0.94, 0.94, fill=False, edgecolor="red",
                                                linewidth=1.5 if t["verdict"] == BEST else 0.8))
         ax.set_facecolor("0.93")  # not run
@@ -287,7 +287,7 @@ def worst_case_figure(rows, title: str | None = None):
     clipped = CLIPPED_WORDS.replace("[0, 1]", "[0, 100]")
     caption = (f"final test accuracy (%) under the worst attack run (mean over seeds; {clipped}; seeds), and "
                "that attack; a diverged run counts at chance (1 / classes)\nframed: the best defense per norm protocol (thick), or those tied for best (thin; "
-               "paired over seeds)")
+               f"paired over seeds; no frame on fewer than {MIN_PAIRS} seeds: no verdict)")
     if any(t.get("worst_kind") == SEARCHED for t in table):
         caption += "\n(searched): the worst attack is an attack search's, confirmed as ordinary runs (searched_worst_*.toml)"
     fig.suptitle(f"{title}\n{caption}" if title else caption, fontsize=9)
