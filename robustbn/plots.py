@@ -205,7 +205,7 @@ def heatmap_figure(rows):
                     runs = f"{e.n} run{'s' * (e.n != 1)}"
                     words[i, j] = f"{e.mean:.2f}\n" + (f"{e.text(digits=2)} ({runs})" if e.has_interval else
                                                        e.text(digits=2, unit="run"))
-        im = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
         for (i, j), text_ in words.items():
             ax.text(j, i, text_, ha="center", va="center", color="white" if grid[i, j] < 0.6 else "black",
                     fontsize=6.5)

@@ -189,6 +189,7 @@ def test_heterogeneity_and_heatmap_use_the_words(tmp_path):
     assert [a.get_title() for a in panels] == ["naive BN", "FBN"]
     assert [t.get_text() for t in panels[0].get_yticklabels()] == ["no attack", "SF on the mean"]
     assert [t.get_text() for t in panels[0].get_xticklabels()] == ["mean", "nnm+median"]
+    assert all(a.images[0].get_clim() == (0, 1) for a in panels)  # accuracies in [0, 1], the colors' scale
     # each cell: the mean, its 95% interval over the cell's runs and how many runs
     cells = [t.get_text() for a in panels for t in a.texts]
     assert cells and all(re.fullmatch(r"\d\.\d\d\n(\[\d\.\d\d, \d\.\d\d\] \(\d+ runs\)|1 run, no interval)", c)
