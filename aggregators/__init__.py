@@ -9,7 +9,7 @@ torch.Size([1000])
 from .base import Rule, is_stateful, pairwise_sq_distances, sanitize, trials
 from .catalogue import CAF, SMEA, Bulyan, DnC, FLTrust, MinimumDiameterAveraging
 from .clustering import ClippedClustering, SignGuard
-from .pipeline import AGGREGATORS, PRE_AGGREGATORS, Pipeline, build, register, step_class
+from .pipeline import AGGREGATORS, PRE_AGGREGATORS, Pipeline, build, register, shown_params, step_class
 from .plugins import add_search_path, search_path
 from .pre import ARC, NNM, Bucketing, Clipping
 from .rules import (
@@ -25,7 +25,7 @@ from .rules import (
 )
 
 __all__ = [
-    "AGGREGATORS", "PRE_AGGREGATORS", "Pipeline", "Rule", "build", "register", "step_class", "add_search_path",
+    "AGGREGATORS", "PRE_AGGREGATORS", "Pipeline", "Rule", "build", "register", "shown_params", "step_class", "add_search_path",
     "search_path", "sanitize", "pairwise_sq_distances", "trials", "is_stateful",
     "Mean", "CoordinateWiseMedian", "TrimmedMean", "Krum", "MultiKrum", "GeometricMedian",
     "CenteredClipping", "Meamed", "MoNNA", "NNM", "Bucketing", "Clipping", "ARC",

@@ -142,6 +142,7 @@ class Rule:
     selects_by_score = False  # outputs rows chosen by a distance score (Krum): what Fang's Krum attack targets
     stateful = False  # keeps state across calls (cclust's norms seen), left as it was while `recording` is False
     recording = True  # a stateful rule updates its state only while True (`trials` sets it False)
+    shown_defaults = ()  # parameters a label shows even at their default (cc's tau: it decides whether cc holds)
 
     def kappa(self, n: int, f: int) -> float | None:
         """The (f, kappa)-robustness constant the rule is proven to have for n messages

@@ -136,6 +136,29 @@ class Pipeline:
         return f"Pipeline({', '.join(map(repr, self.pre + [self.agg]))})"
 
 
+def shown_params(spec: str, params: dict) -> dict:
+    """`params` plus, for each step of `spec` that declares `shown_defaults`, those parameters at
+    the value the step takes from `params`: what a label shows, so that two rows of one rule
+    that differ only by a default (cc at tau 10 and at tau 1) do not read alike. A step whose
+    `explicit_defaults` are not all in `params` adds nothing: such a stored run meant an older
+    default, which a new instance would misstate."""
+    shown = dict(params)
+    try:
+        classes = [step_class(step.strip()) for step in spec.split("+")]
+    except (ValueError, TypeError, AttributeError):
+        return shown
+    for cls in classes:
+        names = [k for k in getattr(cls, "shown_defaults", ()) if k not in shown]
+        if not names or not set(getattr(cls, "explicit_defaults", {})) <= set(params):
+            continue
+        try:
+            step = cls(**{k: v for k, v in params.items() if k in _accepted(cls)})
+        except (TypeError, ValueError):
+            continue
+        shown.update({k: getattr(step, k) for k in names})
+    return shown
+
+
 @functools.cache  # inspect.signature is most of a build's time, and builds are many (kit, filters)
 def _accepted(cls) -> frozenset[str]:
     """The keywords a step's constructor names (not `*args`, `**kwargs`: a step without a

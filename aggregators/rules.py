@@ -242,6 +242,7 @@ class CenteredClipping(Rule):
 
     name = "cc"
     explicit_defaults = {"center": "previous"}  # scenarios write it: a stored run without it meant "median"
+    shown_defaults = ("tau",)  # the radius decides whether it holds: a label says which
 
     def __init__(self, tau: float | None = None, iters: int = 3, center: str = "previous"):
         self.center = choice(self.name, "center", center, ("previous", "median"))

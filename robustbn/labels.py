@@ -5,10 +5,13 @@ plots and worst (they import it, never the reverse); it reads results only."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections import defaultdict
 from typing import Any
+
+import aggregators
 
 from .channels import BN_CHANNELS, CHANNELS, NOT_ATTACKS, PARTS, expand_channels
 from .protocols import PROTOCOLS
@@ -114,11 +117,22 @@ def defense_words(row: dict[str, Any]) -> str:
     the variance"); "(built for f=2)" where `agg_f` differs from f."""
     chans = channels(row)
     attacked = [c for c, (a, *_) in chans.items() if a not in NOT_ATTACKS] if row.get("f") else []
-    pipelines = {c: spec + params_words(params) for c, (_, _, spec, params) in chans.items() if c in attacked or not attacked}
+    pipelines = {c: _pipeline_words(spec, hashable(params)) for c, (_, _, spec, params) in chans.items()
+                 if c in attacked or not attacked}
     grouped = by_channel(pipelines)
     words = grouped[0][0] if len(grouped) == 1 else ", ".join(f"{p} {_on(names)}" for p, names in grouped)
     agg_f = row.get("agg_f")
     return words + (f" (built for f={agg_f})" if agg_f is not None and agg_f != row.get("f") else "")
+
+
+@functools.cache  # a board's thousands of rows share a few pipelines
+def _pipeline_words(spec: str, params_key: Any) -> str:
+    """ "bucketing+cc (center=previous, tau=10.0)": the spec, its parameters and the defaults
+    its steps show (`aggregators.shown_params`)."""
+    params = json.loads(params_key) if isinstance(params_key, str) else params_key
+    if isinstance(params, dict) and isinstance(spec, str):
+        params = aggregators.shown_params(spec, params)
+    return f"{spec}{params_words(params)}"
 
 
 def norm_words(norm: str) -> str:

@@ -84,10 +84,36 @@ ROW = dict(norm="fbn", n=10, f=3, grad_attack="none", grad_agg="mean", bn_attack
     (dict(bn_attack="honest"), "no attack (7 honest)", "mean"),
     (dict(f=0), "no attack", "mean"),
     (dict(norm="gn", grad_attack="foe", grad_agg="median"), "FOE on the gradients", "median"),
+    # cc's radius is shown at its default too: the board holds bucketing+cc at tau 10 and at tau 1
+    (dict(norm="gn", grad_attack="ipm", grad_agg="bucketing+cc", grad_agg_params={"center": "previous"}),
+     "IPM on the gradients", "bucketing+cc (center=previous, tau=10.0)"),
+    (dict(norm="gn", grad_attack="ipm", grad_agg="bucketing+cc", grad_agg_params={"center": "previous", "tau": 1.0}),
+     "IPM on the gradients", "bucketing+cc (center=previous, tau=1.0)"),
+    (dict(norm="gn", grad_attack="ipm", grad_agg="cc", grad_agg_params={"center": "median"}),
+     "IPM on the gradients", "cc (center=median, tau=1.0)"),
+    # a run stored before `center` was written meant the stateless rule: no default is guessed for it
+    (dict(norm="gn", grad_attack="ipm", grad_agg="cc"), "IPM on the gradients", "cc"),
 ])
 def test_attack_and_defense_in_words(fields, attack, defense):
     row = {**ROW, **fields}
     assert attack_words(row) == attack and defense_words(row) == defense
+
+
+def test_a_users_rule_shows_the_defaults_it_declares_and_nothing_else(tmp_path, monkeypatch):
+    (tmp_path / "radius_rules.py").write_text(
+        "import torch\nfrom aggregators import Rule\n"
+        "class Radius(Rule):\n"
+        "    name = 'radius'\n"
+        "    shown_defaults = ('radius',)\n"
+        "    def __init__(self, radius=2.5, iters=4):\n"
+        "        self.radius, self.iters = radius, iters\n"
+        "    def apply(self, x):\n"
+        "        return x.mean(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    row = {**ROW, "grad_attack": "alie", "grad_agg": "radius_rules:Radius"}
+    assert defense_words(row) == "radius_rules:Radius (radius=2.5)"
+    assert defense_words({**row, "grad_agg_params": {"iters": 1}}) == "radius_rules:Radius (iters=1, radius=2.5)"
+    assert defense_words({**row, "grad_agg_params": {"radius": 1}}) == "radius_rules:Radius (radius=1)"
 
 
 def test_expand_channels_fills_old_rows_from_the_shorthand_and_is_idempotent():
