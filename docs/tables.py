@@ -235,6 +235,15 @@ def tuning_file() -> str:
     return f"{TUNED_DIR}/tune_{Path(ROBUSTNESS_MATRIX).stem}.toml"
 
 
+def tuning_runs() -> list[dict]:
+    """The tuning file's runs on its own seeds (a file's runs are matched at any seed; the
+    reported seeds never enter a choice)."""
+    from robustbn.matrix import read
+
+    seeds = read(ROOT / tuning_file())["seed"]
+    return [r for r in file_runs(tuning_file()) if r["seed"] in (seeds if isinstance(seeds, list) else [seeds])]
+
+
 def tuned_files() -> tuple[str, ...]:
     return tuple(sorted(str(p.relative_to(ROOT)) for p in (ROOT / TUNED_DIR).glob("tuned_*.toml")))
 
@@ -270,7 +279,7 @@ def tuning_status() -> str:
                 f"(`robustbn run {TUNED_DIR}/tuned_*.toml`). Until then the curves and the map stand on no run.")
     from robustbn.labels import is_attack
 
-    done = {r["hash"] for r in file_runs(tuning_file()) if is_attack(r)}
+    done = {r["hash"] for r in tuning_runs() if is_attack(r)}
     total, attacked = runs_planned(tuning_file()), runs_planned(tuning_file(), attacked=True)  # expanded once
     reported = len(curve_runs())
     planned = sum(runs_planned(f) for f in tuned_files())
@@ -368,7 +377,7 @@ def tuning_moved() -> None:
         return
     values = read(ROOT / tuning_file())
     base = read(ROOT / ROBUSTNESS_MATRIX)["lr"]
-    choices = [c for c in choose(list(file_runs(tuning_file())), {"lr": values["lr"]}) if c["complete"]]
+    choices = [c for c in choose(tuning_runs(), {"lr": values["lr"]}) if c["complete"]]
     if not choices:
         print(f"No point fully tuned yet. {tuning_status()}")
         return
@@ -913,14 +922,20 @@ def cc_tau(r) -> float:
     return float((r["grad_agg_params"] or {}).get("tau", 10.0))
 
 
+def cc_check_runs() -> list[dict]:
+    """The check's runs on its own seeds, 0-4 (a file's runs are matched at any seed: an attack
+    search's trial of the same attack on seed 10 is no run of the check)."""
+    return [r for r in file_runs(CC_CHECK) if r["seed"] in BOARD_SEEDS]
+
+
 def cc_check(grad_agg: str, tau: float, f: int, attack: str) -> list[dict]:
-    return [r for r in file_runs(CC_CHECK) if r["grad_agg"] == grad_agg and cc_tau(r) == tau and r["f"] == f
+    return [r for r in cc_check_runs() if r["grad_agg"] == grad_agg and cc_tau(r) == tau and r["f"] == f
             and r["grad_attack"] == attack]
 
 
 def cc_check_table() -> None:
     """Rows: the rule at a radius; columns: f and the gradient attack (statistics honest)."""
-    pivot(file_runs(CC_CHECK), lambda r: f"{r['grad_agg']}, tau {cc_tau(r):g}",
+    pivot(cc_check_runs(), lambda r: f"{r['grad_agg']}, tau {cc_tau(r):g}",
           lambda r: f"f = {r['f']}, {CC_ATTACKS[r['grad_attack']]}")
 
 
@@ -1049,7 +1064,7 @@ ISSUE30 = (
 def cc_check_only() -> frozenset:
     """The hashes of the centered-clipping check's runs that are not the board's."""
     board = {r["hash"] for r in matrix_runs(board_files())}
-    return frozenset(r["hash"] for r in file_runs(CC_CHECK) if r["hash"] not in board)
+    return frozenset(r["hash"] for r in cc_check_runs() if r["hash"] not in board)
 
 
 ISSUE38 = (

@@ -62,6 +62,23 @@ def test_every_verdict_word_is_inside_a_generated_block():
     assert [m.group(0) for m in words.finditer(prose)] == []
 
 
+def test_a_files_tables_stand_on_its_own_seeds_not_a_search_trial_that_shares_a_cell():
+    """A file's runs are matched at any seed: FBN's bucketing+cc tau-1 search tried min-max (unit)
+    with honest statistics, one of the cc check's cells, on seed 10. The check's table and
+    comparisons stand on seeds 0-4 only, and the tuning table on the tuning seeds."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    import tables
+
+    every = {r["seed"] for r in tables.file_runs(tables.CC_CHECK)}
+    assert every - set(range(5)), "the shipped runs no longer hold the case this guards"
+    assert {r["seed"] for r in tables.cc_check_runs()} == set(range(5))
+    for agg in ("bucketing+cc", "cc"):
+        for f in (2, 3):
+            for attack in ("minmax", "alie", "ipm", "honest"):
+                assert sorted(r["seed"] for r in tables.cc_check(agg, 1.0, f, attack)) == [0, 1, 2, 3, 4]
+    assert {r["seed"] for r in tables.tuning_runs()} <= {10, 11}
+
+
 def test_few_seeds_get_no_verdict():
     sys.path.insert(0, str(ROOT / "docs"))
     import tables
