@@ -235,13 +235,18 @@ def tuning_file() -> str:
     return f"{TUNED_DIR}/tune_{Path(ROBUSTNESS_MATRIX).stem}.toml"
 
 
-def tuning_runs() -> list[dict]:
-    """The tuning file's runs on its own seeds (a file's runs are matched at any seed; the
-    reported seeds never enter a choice)."""
+def own_seed_runs(path: str) -> list[dict]:
+    """A file's runs on the seeds it names (`file_runs` matches a file's cells at any seed: an
+    attack search's trial of the same setting on seed 10 is no run of a seeds-0-4 file)."""
     from robustbn.matrix import read
 
-    seeds = read(ROOT / tuning_file())["seed"]
-    return [r for r in file_runs(tuning_file()) if r["seed"] in (seeds if isinstance(seeds, list) else [seeds])]
+    seeds = read(ROOT / path)["seed"]
+    return [r for r in file_runs(path) if r["seed"] in (seeds if isinstance(seeds, list) else [seeds])]
+
+
+def tuning_runs() -> list[dict]:
+    """The tuning file's runs on its tuning seeds: the reported seeds never enter a choice."""
+    return own_seed_runs(tuning_file())
 
 
 def tuned_files() -> tuple[str, ...]:
@@ -923,9 +928,7 @@ def cc_tau(r) -> float:
 
 
 def cc_check_runs() -> list[dict]:
-    """The check's runs on its own seeds, 0-4 (a file's runs are matched at any seed: an attack
-    search's trial of the same attack on seed 10 is no run of the check)."""
-    return [r for r in file_runs(CC_CHECK) if r["seed"] in BOARD_SEEDS]
+    return own_seed_runs(CC_CHECK)
 
 
 def cc_check(grad_agg: str, tau: float, f: int, attack: str) -> list[dict]:
