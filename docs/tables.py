@@ -148,7 +148,7 @@ def findings(block):
     return run
 
 
-def pivot(runs, row_key, col_key, title=None) -> None:
+def pivot(runs, row_key, col_key) -> None:
     table = defaultdict(list)
     for r in runs:
         table[row_key(r), col_key(r)].append(r)
@@ -157,8 +157,6 @@ def pivot(runs, row_key, col_key, title=None) -> None:
         return
     rows_ = sorted({k[0] for k in table}, key=str)
     cols = sorted({k[1] for k in table}, key=str)
-    if title:
-        print(f"\n{title}; cells: {CELLS}\n")
     print("| | " + " | ".join(map(str, cols)) + " |")
     print("|---|" + "---|" * len(cols))
     for r in rows_:
@@ -247,6 +245,18 @@ def own_seed_runs(path: str) -> list[dict]:
 def tuning_runs() -> list[dict]:
     """The tuning file's runs on its tuning seeds: the reported seeds never enter a choice."""
     return own_seed_runs(tuning_file())
+
+
+@cache
+def tuning_plan():
+    """The tuning as `robustbn tune` runs it: its plan (robustbn.tune.Tuning), each run's grid
+    point, and the file's runs by hash."""
+    from robustbn.tune import Tuning, expand_grid
+
+    grid = {"lr": list(LR_GRID)}
+    with chdir(ROOT):
+        by_hash, point_of = expand_grid(Path(tuning_file()), grid)
+    return Tuning([(h, sc.to_dict()) for h, sc in by_hash.items()], grid, point_of), point_of, by_hash
 
 
 def tuned_files() -> tuple[str, ...]:
@@ -375,34 +385,55 @@ def tuning_moved() -> None:
     threat model, the highest worst case at the matrix's lr and at each defense's tuned lr."""
     from robustbn.labels import norm_words
     from robustbn.matrix import read
-    from robustbn.tune import choose
+    from robustbn.tune import settled_choices
 
     if not (ROOT / tuning_file()).is_file():
         print(f"No tuning run yet. {tuning_status()}")
         return
     values = read(ROOT / tuning_file())
     base = read(ROOT / ROBUSTNESS_MATRIX)["lr"]
-    choices = [c for c in choose(tuning_runs(), {"lr": values["lr"]}) if c["complete"]]
-    if not choices:
-        print(f"No point fully tuned yet. {tuning_status()}")
-        return
+    plan, point_of, by_hash = tuning_plan()
+    finished = {r["hash"]: r for r in tuning_runs() if r["hash"] in by_hash}
+    from robustbn.worst import server_data
+
+    # every defense the tuning plans, per point and threat model; one whose pruning has not settled
+    # has no choice yet, whatever its points have run
+    group = lambda row: (row["norm"], row["gamma"], row["f"], server_data(row))
+    planned = defaultdict(set)
+    for h in plan.hashes:
+        row = expand_channels(by_hash[h].to_dict())
+        planned[group(row)].add(plan.identity(row))
     points = defaultdict(list)
-    for c in choices:
-        points[(c["norm"], c["setting"]["gamma"], c["setting"]["f"], c["server_data"])].append(c)
+    for c in settled_choices(finished, {"lr": values["lr"]}, plan, point_of):
+        if c["complete"]:
+            points[group(c["setting"])].append(c)
+    done = {k: cs for k, cs in points.items() if len(cs) == len(planned[k])}
+    if not done:
+        settled = sum(len(cs) for cs in points.values())
+        print(f"No point fully tuned yet ({settled} of {len(plan.defenses)} defenses' choices settled). "
+              f"{tuning_status()}")
+        return
     print(f"On the tuning seeds ({', '.join(map(str, values['seed']))}; two seeds: no verdict, the reported "
-          f"verdicts are the map's): per point, the defense with the highest worst case at the matrix's lr "
-          f"({base:g}) and at each defense's own tuned lr, and how much tuning gained each.\n")
+          f"verdicts are the map's): per point and threat model whose every defense is tuned ({len(done)} of "
+          f"{len(planned)} so far), the defense with the highest worst case at the matrix's lr ({base:g}) and at each "
+          f"defense's own tuned lr, and how much tuning gained each. \"<=\": lr {base:g} was pruned, so its worst "
+          f"case is at most that (its attacks not run could only lower it).\n")
     print("| protocol | gamma | f | threat model | highest at lr " + f"{base:g}" + " | highest tuned | moved | gain per defense (points) |")
     print("|---|---|---|---|---|---|---|---|")
-    at_base = lambda c: next((sc["worst_acc"] for sc in c["scores"] if sc["point"]["lr"] == base), None)
-    for (norm, gamma, f, data), cs in sorted(points.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3] or "")):
-        untuned = max(cs, key=lambda c: at_base(c) if at_base(c) is not None else -1)
+    at_base = lambda c: next(sc for sc in c["scores"] if sc["point"]["lr"] == base)
+    bound = lambda c: "<= " * at_base(c)["pruned"]
+    for (norm, gamma, f, data), cs in sorted(done.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3] or "")):
+        untuned = max(cs, key=lambda c: at_base(c)["worst_acc"])
         tuned = max(cs, key=lambda c: c["chosen_acc"])
-        gains = "; ".join(f"{c['defense']} {100 * (c['chosen_acc'] - at_base(c)):+.1f} (lr {c['chosen']['lr']:g})"
-                          for c in cs if at_base(c) is not None)
+        gains = "; ".join(f"{c['defense']} {'at least ' * at_base(c)['pruned']}"
+                          f"{100 * (c['chosen_acc'] - at_base(c)['worst_acc']):+.1f} (lr {c['chosen']['lr']:g})"
+                          for c in cs)
+        # a pruned bound on top may stand above a defense that is truly higher at lr 0.05
+        moved = ("not known (lr " + f"{base:g} pruned)" if at_base(untuned)["pruned"] and len(cs) > 1
+                 else "yes" if tuned is not untuned else "no")
         print(f"| {norm_words(norm)} | {gamma:g} | {f} | {'root-free' if data is None else 'trusted'} | "
-              f"{untuned['defense']} {100 * at_base(untuned):.1f} | {tuned['defense']} {100 * tuned['chosen_acc']:.1f} "
-              f"(lr {tuned['chosen']['lr']:g}) | {'yes' if tuned is not untuned else 'no'} | {gains} |")
+              f"{untuned['defense']} {bound(untuned)}{100 * at_base(untuned)['worst_acc']:.1f} | {tuned['defense']} "
+              f"{100 * tuned['chosen_acc']:.1f} (lr {tuned['chosen']['lr']:g}) | {moved} | {gains} |")
 
 
 def catalogue_coverage(gamma=0.0) -> None:

@@ -399,7 +399,6 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
     im = None
     for ax, (norm, trusted) in zip(axes.flat, [(n, m) for n in norms for m in models]):
         here = [c for c in cells if c["norm"] == norm and (c["threat"] is not None) == trusted]
-        data = here[0]["threat"] if here else ("trusted server data" if trusted else None)
         grid = np.full((len(ys), len(xs)), np.nan)
         for c in here:
             i, j = ys.index(hashable(c[y])), xs.index(hashable(c[x]))

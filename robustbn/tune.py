@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from .channels import expand_channels
 from .labels import hashable, is_attack, setting_defense_words
-from .matrix import FIELDS, MatrixError, alternatives, canonical, read
+from .matrix import FIELDS, MatrixError, alternatives, canonical, expand, read
 from .stats import by_seed, scenario_fields
 from .worst import ATTACK_FIELDS, ATTACK_KEYS, DEFENSE_FIELDS, RESULT, worst_case
 
@@ -166,6 +166,43 @@ def check_matrix(path: str | Path) -> dict[str, Any]:
     if "search" in values:
         raise TuneError(f"{path}: a search file; tune a matrix of defenses and attacks")
     return values
+
+
+def expand_grid(tuning: Path, grid: dict[str, list[Any]]) -> tuple[dict[str, Any], dict[str, int]]:
+    """The tuning file's scenarios at every grid point, by hash, and each run's grid point (a run
+    may spell its point otherwise: a rule's defaults filled in, "none" as no value)."""
+    from .store import scenario_hash
+
+    file_values, by_hash, point_of = read(tuning), {}, {}
+    points = grid_points(grid)
+    words = lambda p: ", ".join(f"{k}={v!r}" for k, v in p.items())
+    for i, point in enumerate(points):
+        try:
+            expanded = expand({**file_values, **point}, str(tuning))
+        except MatrixError as e:
+            if not any(f"key {k!r}" in str(e) for k in point):
+                raise
+            raise TuneError(f"--grid {words(point)}: {e}; tune a parameter one defense at a time (--set "
+                            f"grad_agg=... first) where the matrix's defenses do not all take it") from None
+        for sc in expanded:
+            h = scenario_hash(sc.to_dict())
+            if point_of.setdefault(h, i) != i:
+                raise TuneError(f"--grid: {words(points[point_of[h]])} and {words(point)} are the same runs; give "
+                                f"each value once")
+            by_hash[h] = sc
+    return by_hash, point_of
+
+
+def settled_choices(finished: dict[str, dict[str, Any]], grid: dict[str, list[Any]], plan: Tuning,
+                    point_of: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    """choose() over a tuning's finished runs (by hash), each defense `complete` only once the
+    pruning has settled it: every grid point finished or pruned. A point still running has a
+    worst case over the attacks it has finished, which is no score yet."""
+    settled = plan.settled(finished)
+    choices = choose(list(finished.values()), grid, plan.pruned(finished), point_of)
+    for c in choices:
+        c["complete"] = c["complete"] and settled.get(plan.identity(c["setting"]), False)
+    return choices
 
 
 def _key(row: dict[str, Any], fields) -> tuple:

@@ -14,7 +14,7 @@ from robustbn.cli import main
 from robustbn.evaluate import toml_text
 from robustbn.matrix import expand, read
 from robustbn.store import scenario_hash
-from robustbn.tune import Tuning, choose
+from robustbn.tune import Tuning, choose, settled_choices
 
 from matrices import one_line_error
 
@@ -230,9 +230,15 @@ def test_pruning_chooses_what_the_full_grid_chooses(accs):
     plan = Tuning(PLANNED, GRID)
     where = {h: (ident, i) for ident, by_point in plan.defenses.items() for i, attacks in enumerate(by_point)
              for hashes in attacks.values() for h in hashes}
+    full = {(d["defense"], d["chosen"]["lr"]) for d in choose(list(oracle.values()), GRID)}
     finished, waves, bounds = {}, 0, []
     while wave := plan.next_wave(finished):
         assert not set(wave) & set(finished) and set(wave) <= plan.hashes
+        # mid-tuning, a defense counts as chosen (its tuned file is written) only once settled, and then for good
+        settled = plan.settled(finished)
+        for d in settled_choices(finished, GRID, plan):
+            assert d["complete"] == settled[plan.identity(d["setting"])]
+            assert not d["complete"] or (d["defense"], d["chosen"]["lr"]) in full
         states = plan.state(finished)
         bounds += [(where[h][0], states[where[h][0]][where[h][1]]["bound"]) for h in wave]
         finished.update({h: oracle[h] for h in wave})
@@ -240,7 +246,6 @@ def test_pruning_chooses_what_the_full_grid_chooses(accs):
         assert waves <= len(PLANNED)
     assert all(plan.settled(finished).values())
     chosen = choose(list(finished.values()), GRID, plan.pruned(finished))
-    full = {(d["defense"], d["chosen"]["lr"]) for d in choose(list(oracle.values()), GRID)}
     assert {(d["defense"], d["chosen"]["lr"]) for d in chosen} == full
     score = {}
     for d in chosen:  # complete, and the chosen point is never one that was pruned

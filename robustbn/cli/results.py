@@ -165,7 +165,7 @@ def _print_compare(rows: list[dict], field: str, a, b, fmt: str) -> int:
     print(f"paired by seed: B - A, A = {field}={text(a)} ({counts['a']} runs), B = {field}={text(b)} "
           f"({counts['b']} runs); {PAIRED_WORDS}")
     if not table:
-        print(f"no pairs: no run of A has a run of B with the same seed and every other field equal")
+        print("no pairs: no run of A has a run of B with the same seed and every other field equal")
     else:
         columns = [*channel_columns(table, varying(table, set(COMPARED))), *COMPARED]
         shown, columns = _intervals(table, columns, {"ci_low": ("ci_high", "95% CI", "pairs")})

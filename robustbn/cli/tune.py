@@ -61,9 +61,10 @@ def _seeds(text: str, flag: str) -> list[int]:
     return seeds
 
 
-def _pruned(plan, by_hash: dict, store, source: str, args):
-    """Run the tuning in waves (robustbn.tune.Tuning) until every defense's choice is settled.
-    Runs another process holds are waited for; a run that fails here is not retried."""
+def _pruned(plan, by_hash: dict, store, source: str, args, after_wave):
+    """Run the tuning in waves (robustbn.tune.Tuning) until every defense's choice is settled,
+    calling after_wave(finished runs by hash) before each wave. Runs another process holds are
+    waited for; a run that fails here is not retried."""
     import dataclasses
     import time
 
@@ -73,6 +74,7 @@ def _pruned(plan, by_hash: dict, store, source: str, args):
     summary, failed, wave_no = Summary(), set(), 0
     while True:
         finished = {r["hash"]: r for r in store.rows(status=FINISHED) if r["hash"] in by_hash}
+        after_wave(finished)
         wave = plan.next_wave(finished, frozenset(failed))
         if not wave:
             return summary
@@ -112,6 +114,28 @@ def _score_text(score: dict) -> str:
     return f"{100 * score['worst_acc']:.1f} ({seeds})"
 
 
+def _write_tuned(finished: dict[str, dict], grid: dict, plan, point_of: dict, values: dict, out: Path,
+                 report_seeds: list[int]) -> tuple[list[dict], list[str]]:
+    """The choices over the finished tuning runs (by hash), and out/tuned_<slug>.toml of every
+    defense whose choice is settled (rewritten only where its text changed)."""
+    from ..evaluate import toml_text
+    from ..tune import setting_fields, settled_choices, slug, tuned_values
+
+    choices, written = settled_choices(finished, grid, plan, point_of), []
+    at_keys = setting_fields(values)  # gamma, f, ... where the matrix varies them: each point tuned apart
+    for c in choices:
+        c["at"] = {k: c["setting"].get(k) for k in at_keys}
+        c["file"] = None
+        if c["complete"]:
+            path = out / f"tuned_{slug(c, values)}.toml"
+            text = toml_text(tuned_values(values, c, report_seeds))
+            if not path.is_file() or path.read_text(encoding="utf-8") != text:
+                path.write_text(text, encoding="utf-8")
+            written.append(str(path))
+            c["file"] = str(path)
+    return choices, written
+
+
 @fail_cleanly
 def cmd_tune(args) -> int:
     import json
@@ -119,10 +143,10 @@ def cmd_tune(args) -> int:
     from ..checkpoint import Interrupted, checkpoint_dir
     from ..evaluate import toml_text
     from ..execute import pending, run_matrix
-    from ..matrix import MatrixError, carried_search_path, expand, parse_override, read
-    from ..store import FINISHED, Store, scenario_hash, strict_json
-    from ..tune import (REPORT_SEEDS, TUNING_SEEDS, Tuning, check_matrix, choose, grid_points, setting_fields, slug,
-                        tuned_values, varies)
+    from ..matrix import carried_search_path, parse_override
+    from ..store import FINISHED, Store, strict_json
+    from ..tune import (REPORT_SEEDS, TUNING_SEEDS, Tuning, check_matrix, expand_grid, grid_points, setting_fields,
+                        varies)
 
     if not 1 <= args.jobs <= 512:
         raise UsageError(f"--jobs must be between 1 and 512, got {args.jobs}")
@@ -160,24 +184,7 @@ def cmd_tune(args) -> int:
     text = toml_text(tuning_values)
     if not tuning.is_file() or tuning.read_text(encoding="utf-8") != text:
         tuning.write_text(text, encoding="utf-8")
-    # each point's runs: the runs may spell a point otherwise (a rule's defaults filled in, "none" as no value)
-    file_values, by_hash, point_of = read(tuning), {}, {}
-    for i, point in enumerate(points):
-        try:
-            expanded = expand({**file_values, **point}, str(tuning))
-        except MatrixError as e:
-            if not any(f"key {k!r}" in str(e) for k in point):
-                raise
-            words = ", ".join(f"{k}={v!r}" for k, v in point.items())  # a point some defense cannot take
-            raise UsageError(f"--grid {words}: {e}; tune a parameter one defense at a time (--set grad_agg=... "
-                             f"first) where the matrix's defenses do not all take it") from None
-        for sc in expanded:
-            h = scenario_hash(sc.to_dict())
-            if point_of.setdefault(h, i) != i:
-                words = lambda p: ", ".join(f"{k}={v!r}" for k, v in p.items())
-                raise UsageError(f"--grid: {words(points[point_of[h]])} and {words(point)} are the same runs; give "
-                                 f"each value once")
-            by_hash[h] = sc
+    by_hash, point_of = expand_grid(tuning, grid)
     scenarios = list(by_hash.values())
     # a plan runs nothing and makes no store: it counts against an empty one where there is none
     empty = tempfile.TemporaryDirectory() if args.plan and not Path(args.db).is_file() else None
@@ -198,30 +205,21 @@ def cmd_tune(args) -> int:
         try:
             if args.full:
                 summary = run_matrix(scenarios, store, source=str(tuning), jobs=args.jobs, progress=not args.quiet)
-            else:
-                summary = _pruned(plan, by_hash, store, str(tuning), args)
+            else:  # each defense's tuned file is written once its choice is settled, wave by wave
+                after_wave = lambda finished: _write_tuned(finished, grid, plan, point_of, values, out,
+                                                           report_seeds)
+                summary = _pruned(plan, by_hash, store, str(tuning), args, after_wave)
         except Interrupted as e:
             print(f"robustbn tune: stopped by {signal.Signals(e.signum).name}; the running runs are checkpointed in "
                   f"{checkpoint_dir(args.db)}; the same command resumes", file=sys.stderr)
             return 128 + e.signum
         # exactly the tuning file's runs (its seeds, this device): what the pruning read
-        rows = [r for r in store.rows(status=FINISHED) if r["hash"] in by_hash]
+        finished = {r["hash"]: r for r in store.rows(status=FINISHED) if r["hash"] in by_hash}
     finally:
         store.close()
         if empty:
             empty.cleanup()
-    choices = choose(rows, grid, None if args.full else plan.pruned({r["hash"]: r for r in rows}), point_of)
-    written = []
-    at_keys = setting_fields(values)  # gamma, f, ... where the matrix varies them: each point tuned apart
-    for c in choices:
-        c["at"] = {k: c["setting"].get(k) for k in at_keys}
-        if c["complete"]:
-            path = out / f"tuned_{slug(c, values)}.toml"
-            path.write_text(toml_text(tuned_values(values, c, report_seeds)), encoding="utf-8")
-            written.append(str(path))
-            c["file"] = str(path)
-        else:
-            c["file"] = None
+    choices, written = _write_tuned(finished, grid, plan, point_of, values, out, report_seeds)
     for h, e in summary.failed:
         print(f"  failed {h}: {e}", file=sys.stderr)
     if args.format == "json":
@@ -238,7 +236,7 @@ def cmd_tune(args) -> int:
                 row[words(s["point"])] = _score_text(s)
             row["chosen"] = words(c["chosen"]) if c["complete"] else "incomplete"
             table.append(row)
-        print(text_table(table, ["norm", "defense", *at_keys, *(words(p) for p in points), "chosen"]))
+        print(text_table(table, ["norm", "defense", *setting_fields(values), *(words(p) for p in points), "chosen"]))
         print(f"\nworst case over the attacks (%), mean over the tuning seeds {', '.join(map(str, seeds))}; "
               f"chosen: the max over the grid")
         if written:
