@@ -32,6 +32,7 @@ from robustbn.channels import NOT_ATTACKS, expand_channels
 from robustbn.labels import attack_short, attack_words, setting_defense_words
 from robustbn.stats import MIN_PAIRS, Estimate, by_seed, ci_text, distinct, paired, seeds_interval, too_few
 from robustbn.store import FINISHED, Store, read_export
+from robustbn.worst import SEARCHED_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = os.environ.get("ROBUSTBN_DOCS_RUNS", str(ROOT / "docs" / "results.csv"))
@@ -263,9 +264,16 @@ def tuned_files() -> tuple[str, ...]:
     return tuple(sorted(str(p.relative_to(ROOT)) for p in (ROOT / TUNED_DIR).glob("tuned_*.toml")))
 
 
+def curve_confirmations() -> tuple[str, ...]:
+    """The confirmation files of the searches at the curves' points (curve_searches)."""
+    return tuple(sorted(str(p.relative_to(ROOT)) for p in (ROOT / TUNED_DIR).glob(f"{SEARCHED_PREFIX}*.toml")))
+
+
 def curve_runs(x: str | None = None) -> list[dict]:
-    """The reported runs of the curves (seeds 0-4 of the tuned files), along `x` where given."""
-    runs = [r for r in matrix_runs(tuned_files()) if r["seed"] in BOARD_SEEDS] if tuned_files() else []
+    """The reported runs of the curves (seeds 0-4 of the tuned files and of the confirmations of
+    the searches at their points), along `x` where given."""
+    files = tuned_files() + curve_confirmations()
+    runs = [r for r in matrix_runs(files) if r["seed"] in BOARD_SEEDS] if tuned_files() else []
     if x is None:
         return runs
     held, value = SWEEPS[x]
@@ -380,6 +388,82 @@ def robustness_map() -> None:
         print()
 
 
+# a search cannot lower a defense already at chance (a diverged run counts there): a pick within a
+# point of it is broken, whatever a search finds
+ABOVE_CHANCE = 0.01
+
+
+def _search_space(norm: str, defense: str) -> str:
+    """The board's search file of this protocol and defense on seeds 10 and 11 (its [search]
+    space), else the first of the protocol's: the spaces differ in trials and sampler seed only."""
+    from robustbn.matrix import read
+
+    files = []
+    for p in sorted((ROOT / "scenarios").glob("search_*.toml")):
+        values = read(p)
+        if values.get("norm") == norm and values.get("search", {}).get("seeds") == [10, 11]:
+            files.append((setting_defense_words(expand_channels(values)) == defense, p))
+    if not files:
+        raise SystemExit(f"no search file of norm {norm!r} on seeds 10 and 11 in scenarios/")
+    return str(next((p for same, p in files if same), files[0][1]).relative_to(ROOT))
+
+
+def curve_searches() -> None:
+    """Where a search could change the map: at each point and threat model with two defenses or
+    more whose pick stands above chance, every picked defense (the best, or each tied for it)
+    is searched at its tuned lr and the attack found is confirmed on seeds 0-4. A confirmation
+    can change the pick; the next run of this section then lists the new pick's search."""
+    import hashlib
+
+    from robustbn.labels import norm_words
+    from robustbn.matrix import expand, read
+    from robustbn.worst import defense_map
+
+    runs = curve_runs()
+    if not runs:
+        print(f"No search yet: the searches follow the curves' picks. {tuning_status()}")
+        return
+    chance = 1 / 10
+    tuned = {}  # (norm, defense, gamma, f) -> its tuned file
+    for path in tuned_files():
+        with chdir(ROOT):
+            d = expand_channels(expand(read(path), path)[0].to_dict())
+        tuned[(d["norm"], setting_defense_words(d), d["gamma"], d["f"])] = path
+    confirmed = {r.get("source") for r in runs} & set(curve_confirmations())
+    rows, left = [], []
+    for c in defense_map(runs, "gamma", "f", TUNED):
+        if c["defenses"] < 2 or max(p["worst_acc"] for p in c["picks"]) <= chance + ABOVE_CHANCE:
+            continue
+        for p in c["picks"]:
+            path = tuned.get((c["norm"], p["defense"], c["gamma"], c["f"]))
+            if path is None:
+                continue
+            confirm = f"{TUNED_DIR}/{SEARCHED_PREFIX}{Path(path).stem.removeprefix('tuned_')}.toml"
+            done = confirm in confirmed
+            rows.append((c, p, done))
+            if not done:
+                sampler = 1000 + int(hashlib.sha256(Path(path).stem.encode()).hexdigest(), 16) % 10**6
+                left.append(f"robustbn attack-search {_search_space(c['norm'], p['defense'])} --on {path} "
+                            f"--sampler-seed {sampler} --db results/board.sqlite --confirm {confirm} && "
+                            f"robustbn run {confirm} --db results/board.sqlite")
+    print(f"{sum(done for *_, done in rows)} of the {len(rows)} picks a search could change are searched and "
+          f"confirmed (points with two defenses or more whose pick stands more than {100 * ABOVE_CHANCE:g} point "
+          f"above chance; each search on seeds 10 and 11 at the defense's tuned lr, its attack confirmed on seeds "
+          f"0-4, which the curves and the map then count).\n")
+    if rows:
+        print("| protocol | threat model | gamma | f | pick | worst case now | searched |")
+        print("|---|---|---|---|---|---|---|")
+        for c, p, done in rows:
+            print(f"| {norm_words(c['norm'])} | {'root-free' if c['threat'] is None else 'trusted'} | {c['gamma']:g} | "
+                  f"{c['f']} | {p['defense']} (lr {p['lr']:g}) | {100 * p['worst_acc']:.1f} | "
+                  f"{'yes' if done else 'not yet'} |")
+    if left:
+        print("\nThe searches left, each with its confirmation:\n")
+        print("```")
+        print("\n".join(left))
+        print("```")
+
+
 def tuning_moved() -> None:
     """How far tuning moved each point's pick, on the tuning seeds: per protocol, point and
     threat model, the highest worst case at the matrix's lr and at each defense's tuned lr."""
@@ -490,7 +574,6 @@ def search_coverage() -> None:
     there is no verdict yet."""
     from robustbn.labels import norm_words
     from robustbn.report import leaderboard as board
-    from robustbn.worst import SEARCHED_PREFIX
 
     rows = board(board_runs()).rows
     model = lambda r: (r["norm"], bool(r["server_data"]))  # a protocol's threat model: ranked apart

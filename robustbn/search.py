@@ -55,7 +55,7 @@ import attacks
 from aggregators.checks import as_float, is_integer
 
 from .channels import CHANNELS, expand_channels
-from .matrix import FIELDS, MatrixError, alternatives, expand, read
+from .matrix import FIELDS, MatrixError, alternatives, expand, parse_override, read
 from .scenario import RESERVED_PARAMS, Scenario, type_names
 from .stats import accuracy
 from .store import FINISHED, Store, finite_history, scenario_hash
@@ -182,11 +182,22 @@ class Outcome:
 
 # ---- the search file -------------------------------------------------------------------------
 
-def load(path: str | Path, overrides: list[str] = ()) -> tuple[dict[str, Any], Space]:
+def load(path: str | Path, overrides: list[str] = (), on: str | Path | None = None,
+         sampler_seed: int | None = None) -> tuple[dict[str, Any], Space]:
     """(the file's scenario values, the attack space), every value checked: a SearchError (or
-    MatrixError) names the file, the key and what is allowed."""
+    MatrixError) names the file, the key and what is allowed. `on`: a matrix file of one
+    defense at one setting (a tuned file of robustbn tune) whose fields replace the search
+    file's, its attacks and seeds aside: the search file then gives only the [search] space.
+    `sampler_seed` replaces [search] seed."""
     values = read(path, overrides)
     src = str(path)
+    on_seeds = None
+    if on is not None:
+        defense, on_seeds = defense_of(on)
+        values = {**{k: v for k, v in values.items() if k not in FIELDS}, **defense}
+        for text in overrides:  # --set still has the last word
+            key, value = parse_override(text)
+            values[key] = value
     table = values.pop("search", None)
     if not isinstance(table, dict):
         raise SearchError(f"{src}: no [search] table; a search file is a scenario file with a [search] table "
@@ -203,8 +214,32 @@ def load(path: str | Path, overrides: list[str] = ()) -> tuple[dict[str, Any], S
     no_byzantine = is_integer(values.get("f", 0)) and values.get("f", 0) < 1
     base = expand(values if no_byzantine else {**values, **honest}, src)[0]
     space = _space(table, values, base, src)
+    if sampler_seed is not None:
+        if not is_integer(sampler_seed) or not 0 <= sampler_seed < 2**63:
+            raise SearchError(f"--sampler-seed must be an integer in [0, 2**63 - 1], got {sampler_seed!r}")
+        space.seed = int(sampler_seed)
+    if on_seeds and set(space.seeds) & set(on_seeds):
+        raise SearchError(f"{src}: [search] seeds {list(space.seeds)} share a seed with --on {on}'s seeds "
+                          f"{on_seeds}; a search runs on seeds held out from those it is confirmed on")
     _check_corners(values, space, src)
     return values, space
+
+
+def defense_of(path: str | Path) -> tuple[dict[str, Any], list[int]]:
+    """(the one defense and setting of a matrix file: its values but its attacks, seeds and
+    excludes; its seeds). A SearchError where any other field has several values."""
+    from .worst import ATTACK_KEYS
+
+    values = read(path)
+    seeds = alternatives("seed", values.get("seed", 0))
+    kept = {k: v for k, v in values.items()
+            if k not in {"seed", "exclude", "description", "search", *ATTACK_KEYS}}
+    several = [k for k, v in kept.items() if k in FIELDS and len(alternatives(k, v)) > 1]
+    if several:
+        raise SearchError(f"--on {path}: key {several[0]!r} has several values ({kept[several[0]]!r}); --on takes a "
+                          f"file of one defense at one setting (a tuned file of robustbn tune), its attacks and "
+                          f"seeds aside")
+    return kept, [int(s) for s in seeds]
 
 
 def _space(table: dict, values: dict, base: Scenario, src: str) -> Space:

@@ -513,3 +513,55 @@ def test_confirm_writes_the_found_attack_on_the_held_out_seeds(tmp_path, capsys)
     searched = read(path)
     assert all(getattr(scenarios[0], k) == v for k, v in searched.items()
                if k not in ("search", "seed", "lr", "description") and not k.endswith(("_attack", "_attack_params")))
+
+
+ON = BASE.replace('grad_agg = "mean"', 'grad_agg = "median"') + """lr = 0.03
+momentum = 0.5
+seed = [0, 1, 2, 3, 4]
+grad_attack = ["alie", "honest"]
+exclude = [{ grad_attack = "honest", seed = 4 }]
+"""
+
+
+def test_on_searches_the_defense_of_a_tuned_file_at_its_setting(tmp_path, capsys):
+    """--on MATRIX: the trials run MATRIX's defense and setting (not the search file's), on the
+    [search] seeds; the confirmation file is MATRIX's setting with the found attack on seeds
+    0-4, so its runs join MATRIX's cells. --sampler-seed gives a search of its own."""
+    from robustbn.matrix import expand, read
+
+    template = write(tmp_path, (BASE + SPACE.format(seed=0)).replace("[search]\n", "[search]\nseeds = [10, 11]\n"))
+    on = write(tmp_path, ON, "tuned.toml")
+    confirm = tmp_path / "searched_worst_on.toml"
+    db = tmp_path / "s.sqlite"
+    out = search(capsys, template, db, "--on", str(on), "--trials", "2", "--confirm", str(confirm))
+    assert out["trials"] == 2
+    with Store(db, readonly=True) as store:
+        runs = store.rows()
+    assert {r["seed"] for r in runs} == {10, 11}
+    assert all(r["grad_agg"] == "median" and r["lr"] == 0.03 and r["momentum"] == 0.5 for r in runs)
+    values = read(confirm)
+    assert values["seed"] == [0, 1, 2, 3, 4] and "exclude" not in values
+    assert values["grad_attack"] == out["worst"]["grad_attack"]
+    tuned = expand(read(on), str(on))[0].to_dict()
+    for sc in expand(values, str(confirm)):
+        d = sc.to_dict()
+        assert {k: v for k, v in d.items() if not k.startswith("grad_attack") and k != "seed"} == \
+            {k: v for k, v in tuned.items() if not k.startswith("grad_attack") and k != "seed"}
+    other = tmp_path / "other.sqlite"
+    search(capsys, template, other, "--on", str(on), "--trials", "2", "--sampler-seed", "7")
+    assert {h for h, *_ in trials_of(other)} != {h for h, *_ in trials_of(db)}
+
+
+def test_on_takes_one_defense_and_held_out_seeds_in_one_line(tmp_path, capsys):
+    db = tmp_path / "s.sqlite"
+    template = write(tmp_path, (BASE + SPACE.format(seed=0)).replace("[search]\n", "[search]\nseeds = [10, 11]\n"))
+    two = write(tmp_path, ON.replace('grad_agg = "median"', 'grad_agg = ["median", "mean"]'), "two.toml")
+    one_line_error(capsys, main(["attack-search", str(template), "--db", str(db), "--on", str(two)]),
+                   "--on", "'grad_agg' has several values")
+    shared = write(tmp_path, (BASE + SPACE.format(seed=0)).replace("[search]\n", "[search]\nseeds = [4, 10]\n"),
+                   "shared.toml")
+    one_line_error(capsys, main(["attack-search", str(shared), "--db", str(db), "--on",
+                                 str(write(tmp_path, ON, "tuned.toml"))]), "share a seed", "held out")
+    one_line_error(capsys, main(["attack-search", str(template), "--db", str(db), "--sampler-seed", "-1"]),
+                   "--sampler-seed", "[0, 2**63 - 1]")
+    assert not db.exists()

@@ -194,3 +194,49 @@ def test_the_robustness_section_tabulates_the_curves_and_its_figure_carries_thei
     again = capsys.readouterr().out
     assert not image.exists()
     assert re.search(r"<!-- data ([0-9a-f]{16}) -->", again).group(1) != digest
+
+
+def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_path, monkeypatch, capsys):
+    """curve_searches: at a point where two defenses ran and the pick stands above chance, the
+    pick (not the other defense) gets a search on its tuned file (--on) with a confirmation
+    file; a point whose pick is at chance gets none; once the confirmation's runs are among the
+    curves' runs, the pick reads as searched and its command is gone."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import tables
+    from test_worst_case import ATTACKS, BASE, DEFENSES, add
+
+    from robustbn.evaluate import toml_text
+    from robustbn.store import Store
+
+    tuned_dir = tmp_path / tables.TUNED_DIR
+    tuned_dir.mkdir(parents=True)
+    store = Store(tmp_path / "c.sqlite")
+    for gamma, lr, level in ((0.0, 0.1, 0.1), (1.0, 0.01, 0.5)):  # at gamma 0 both defenses are at chance
+        for d, defense in enumerate(DEFENSES):
+            values = {**BASE, "norm": "fbn", "f": 3, "gamma": gamma, "lr": lr, "seed": list(range(5)),
+                      **DEFENSES[defense]}
+            name = f"tuned_fbn_{defense.replace('+', '_')}_gamma_{gamma:g}.toml"
+            (tuned_dir / name).write_text(toml_text(values))
+            for seed in range(5):
+                acc = level + (0.3 * d + 0.01 * seed) * (gamma > 0)
+                add(store, acc, norm="fbn", f=3, gamma=gamma, lr=lr, seed=seed, **DEFENSES[defense],
+                    **ATTACKS["sf-mean"])
+    runs = store.rows()
+    store.close()
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    monkeypatch.setattr(tables, "curve_runs", lambda x=None: runs)
+    monkeypatch.setattr(tables, "_search_space", lambda norm, defense: f"scenarios/search_{norm}.toml")
+    tables.curve_searches()
+    out = capsys.readouterr().out
+    assert "0 of the 1 picks a search could change are searched" in out
+    (command,) = [line for line in out.splitlines() if line.startswith("robustbn attack-search")]
+    confirm = f"{tables.TUNED_DIR}/searched_worst_fbn_nnm_median_gamma_1.toml"
+    assert f"--on {tables.TUNED_DIR}/tuned_fbn_nnm_median_gamma_1.toml" in command and f"--confirm {confirm}" in command
+    assert "| FBN | root-free | 1 | 3 | mean on the gradients, nnm+median on the mean and variance (lr 0.01) | 82.0" in out and "| not yet |" in out
+    (tmp_path / confirm).write_text("")
+    searched = [{**r, "source": confirm} if r["gamma"] == 1.0 and r["bn_agg"] == "nnm+median" else r for r in runs]
+    monkeypatch.setattr(tables, "curve_runs", lambda x=None: searched)
+    tables.curve_searches()
+    out = capsys.readouterr().out
+    assert "1 of the 1 picks a search could change are searched" in out and "robustbn attack-search" not in out

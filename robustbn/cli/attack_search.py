@@ -30,6 +30,8 @@ def register(sub) -> None:
                        epilog="examples:\n  robustbn attack-search scenarios/search_fbn_nnm_trmean.toml "
                               "--db results/search.sqlite\n"
                               "  robustbn attack-search my_search.toml --trials 10 --format json\n"
+                              "  robustbn attack-search scenarios/search_fbn_mean.toml --on tuned/tuned_fbn_mean.toml "
+                              "--confirm tuned/searched_worst_fbn_mean.toml\n"
                               "  robustbn results --worst-case --db results/search.sqlite")
     p.add_argument("file")
     p.add_argument("--trials", type=int, default=None, help="trials in all (default: [search] trials)")
@@ -40,6 +42,12 @@ def register(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field (TOML value, one value), repeatable")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="override the scenario's device")
+    p.add_argument("--on", metavar="MATRIX", default=None,
+                   help="search the defense of MATRIX at its setting (a file of one defense, its attacks and seeds "
+                        "aside: a tuned file of robustbn tune); FILE then gives only the [search] space, whose seeds "
+                        "must be apart from MATRIX's")
+    p.add_argument("--sampler-seed", type=int, default=None, metavar="N",
+                   help="the sampler's seed in place of [search] seed (one space, searches of its own)")
     p.add_argument("--confirm", metavar="FILE", default=None,
                    help="once the search is done, write FILE: its worst attack at the search's setting on seeds 0-4 "
                         "(held out from its trials), a scenario file for robustbn run (the board's "
@@ -66,7 +74,8 @@ def cmd_attack_search(args) -> int:
         raise UsageError(f"--trials must be >= 1, got {args.trials}")
     if args.checkpoint_every is not None and args.checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every must be >= 0 rounds (0: no checkpoints), got {args.checkpoint_every}")
-    values, space = load(args.file, args.set + ([f"device={args.device}"] if args.device else []))
+    values, space = load(args.file, args.set + ([f"device={args.device}"] if args.device else []), on=args.on,
+                         sampler_seed=args.sampler_seed)
     store = Store(args.db)
     try:
         outcome, code = search(values, space, store, str(args.file), args.trials, progress=not args.quiet,
