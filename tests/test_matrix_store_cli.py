@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,22 @@ def test_run_list_results_plot_round_trip(tmp_path, capsys):
         out = tmp_path / f"{kind}.png"
         assert main(["plot", kind, "--db", db, "--out", str(out)]) == 0
         assert out.read_bytes()[:4] == b"\x89PNG" and out.stat().st_size > 10_000
+
+
+def test_run_takes_several_files_and_checks_them_all_before_a_run(tmp_path, capsys):
+    """`robustbn run a.toml b.toml` (a shell glob of tuned files): each file's runs with its own
+    line and its own source; a bad file among them stops everything before the first run."""
+    a, db = write(tmp_path, TINY), str(tmp_path / "r.sqlite")
+    b = write(tmp_path, TINY.replace('norm = ["naive", "fbn"]', 'norm = "fbn"\nlr = 0.05'), "b.toml")
+    bad = write(tmp_path, 'norm = "bogus"', "bad.toml")
+    assert main(["run", str(a), str(bad), str(b), "--db", db, "--quiet"]) == 2
+    assert "bad.toml: key 'norm'" in capsys.readouterr().err and not Path(db).exists()
+    assert main(["run", str(a), str(b), str(a), "--db", db, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert f"{a} (1 of 2): 4 runs: 4 ran" in out and f"{b} (2 of 2): 2 runs: 2 ran" in out
+    with sqlite3.connect(db) as con:
+        sources = Counter(source for (source,) in con.execute("SELECT source FROM runs"))
+    assert sources == {str(a): 4, str(b): 2}
 
 
 def test_store_keys_by_stable_hash_and_commits_each_run(tmp_path):

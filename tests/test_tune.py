@@ -317,3 +317,37 @@ def test_integer_grid_values_match_the_stored_floats():
     finished = {h: _row(sc, 0.5) for h, sc in planned if h in plan.hashes}
     assert plan.next_wave(finished) == []
     assert all(d["complete"] and d["chosen"] == {"lr": 1} for d in choose(list(finished.values()), {"lr": [1, 0.1]}))
+
+
+def test_the_curve_pipeline_tune_run_search_on_a_tuned_file_and_confirm(tmp_path, capsys):
+    """End to end, as the robustness curves run: tune a matrix over gamma, run the tuned files,
+    search one tuned defense where it stands (attack-search --on) and run its confirmation. The
+    confirmation's runs join the tuned file's cell: one worst-case row per point, at the tuned
+    lr, whose attacks are the catalogue's and the searched one."""
+    db = str(tmp_path / "t.sqlite")
+    curve = tmp_path / "curve.toml"
+    curve.write_text(toml_text({**MATRIX, "gamma": [0.0, 1.0], "grad_agg": "median", "grad_attack": ["alie", "honest"],
+                                "eval_subset": 20}))
+    out = tmp_path / "tuned"
+    assert main(["tune", str(curve), "--grid", "lr=[0.0001,0.1]", "--db", db, "--out", str(out), "--jobs", "2",
+                 "--quiet", "--format", "json"]) == 0
+    files = sorted(str(p) for p in out.glob("tuned_*.toml"))
+    assert len(files) == 2
+    capsys.readouterr()
+    assert main(["run", *files, "--db", db, "--jobs", "2", "--quiet"]) == 0
+    space = tmp_path / "space.toml"
+    space.write_text('norm = "naive"\ngrad_agg = "mean"\n[search]\ntrials = 2\nseed = 0\nseeds = [10, 11]\n'
+                     '[search.grad]\nattacks = ["scale"]\n[search.grad.scale]\nfactor = [-1e4, -1e3]\n')
+    at = next(f for f in files if "gamma_1" in f)
+    confirm = out / "searched_worst_at_gamma_1.toml"
+    assert main(["attack-search", str(space), "--on", at, "--db", db, "--quiet", "--confirm", str(confirm)]) == 0
+    assert main(["run", str(confirm), "--db", db, "--quiet"]) == 0
+    capsys.readouterr()
+    matrices = [a for f in [*files, str(confirm)] for a in ("--matrix", f)]
+    assert main(["results", "--worst-case", "--tuned", "lr", *matrices, "--db", db, "--format", "json"]) == 0
+    rows = [r for r in json.loads(capsys.readouterr().out) if r["f"]]
+    assert sorted(r["gamma"] for r in rows) == [0.0, 1.0]
+    lrs = {read(f)["gamma"]: read(f)["lr"] for f in files}
+    for r in rows:
+        assert r["lr"] == lrs[r["gamma"]] and r["seeds"] == 5 and r["norm"] == "fbn" and r["grad_agg"] == "median"
+        assert r["attacks"] == (2 if r["gamma"] == 1.0 else 1)

@@ -14,17 +14,20 @@ BIG_MATRIX = 2000  # runs: more needs --yes
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="run a scenario or matrix file into the results store", formatter_class=RAW,
-                       description="Run every scenario of FILE (a TOML scenario or matrix); finished runs already in the "
-                                   "store are skipped, unfinished ones run again.",
+    p = sub.add_parser("run", help="run scenario or matrix files into the results store", formatter_class=RAW,
+                       description="Run every scenario of each FILE (a TOML scenario or matrix), one file after "
+                                   "another, each with its own report line; every file is read and checked before "
+                                   "any runs. Finished runs already in the store are skipped, unfinished ones run "
+                                   "again.",
                        epilog="examples:\n  robustbn run scenarios/fbn_fig3_fmnist.toml\n"
                               "  robustbn run scenarios/fbn_fig4_fmnist.toml --set rounds=100 --set 'seed=[0,1]' --jobs 2\n"
                               "  robustbn run my.toml --db results/mine.sqlite --device cuda\n"
+                              "  robustbn run results/tune/my_matrix/tuned_*.toml --jobs 2\n"
                               "  robustbn run scenarios/fbn_fig4_fmnist.toml --shard $SLURM_ARRAY_TASK_ID/8 "
                               "--db results/shard$SLURM_ARRAY_TASK_ID.sqlite\n"
                               "  robustbn run scenarios/fbn_fig4_cifar10.toml --executor ray --address auto "
                               "--device cuda --gpus-per-run 0.25")
-    p.add_argument("file")
+    p.add_argument("file", nargs="+")
     add_run_options(p)
     p.add_argument("--shard", metavar="I/N", default=None,
                    help="run only slice I of N (0 <= I < N) of the matrix, sliced by run hash (array jobs)")
@@ -120,7 +123,17 @@ def _warn_nonfinite(db: str, scenarios, device: str | None) -> None:
 @fail_cleanly
 def cmd_run(args) -> int:
     from ..matrix import load
-    return run_and_report(load(args.file, args.set), str(args.file), args)
+
+    files = list(dict.fromkeys(args.file))  # a file named twice runs once
+    loaded = [load(f, args.set) for f in files]  # a bad file stops everything before a run starts
+    code = 0
+    for i, (path, values_scenarios) in enumerate(zip(files, loaded)):
+        if len(files) > 1:
+            print(f"{path} ({i + 1} of {len(files)}):", end=" ", flush=True)
+        code = max(code, run_and_report(values_scenarios, str(path), args))
+        if code >= 128:  # stopped by a signal: the files left are not started
+            break
+    return code
 
 
 def add_run_options(p, db=DEFAULT_DB):
