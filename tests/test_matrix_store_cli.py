@@ -3,11 +3,9 @@
 import itertools
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
