@@ -252,9 +252,10 @@ def tuning_runs() -> list[dict]:
 def tuning_plan():
     """The tuning as `robustbn tune` runs it: its plan (robustbn.tune.Tuning), each run's grid
     point, and the file's runs by hash."""
+    from robustbn.matrix import read
     from robustbn.tune import Tuning, expand_grid
 
-    grid = {"lr": list(LR_GRID)}
+    grid = {"lr": read(ROOT / tuning_file())["lr"]}  # the grid as the tuning ran it, in its order
     with chdir(ROOT):
         by_hash, point_of = expand_grid(Path(tuning_file()), grid)
     return Tuning([(h, sc.to_dict()) for h, sc in by_hash.items()], grid, point_of), point_of, by_hash
@@ -278,6 +279,16 @@ def curve_runs(x: str | None = None) -> list[dict]:
         return runs
     held, value = SWEEPS[x]
     return [r for r in runs if float(r[held]) == value]
+
+
+@cache
+def planned_hashes(path: str) -> frozenset[str]:
+    """The hashes of a file's runs (on this machine's device, as `robustbn run` stores them)."""
+    from robustbn.matrix import expand, read
+    from robustbn.store import scenario_hash
+
+    with chdir(ROOT):
+        return frozenset(scenario_hash(sc.to_dict()) for sc in expand(read(path), path))
 
 
 def runs_planned(path: str, attacked: bool = False) -> int:
@@ -304,8 +315,8 @@ def tuning_status() -> str:
 
     done = {r["hash"] for r in tuning_runs() if is_attack(r)}
     total, attacked = runs_planned(tuning_file()), runs_planned(tuning_file(), attacked=True)  # expanded once
-    reported = len(curve_runs())
-    planned = sum(runs_planned(f) for f in tuned_files())
+    reported = len(curve_runs())  # the tuned files' runs and their searches' confirmations
+    planned = len({h for f in tuned_files() + curve_confirmations() for h in planned_hashes(f)})
     return (f"Tuning: {len(done)} of at most {attacked} attacked runs (`{tuning_file()}`: {total} runs, of which "
             f"the rule reads the attacked ones; pruning skips the rest of a point's attacks once it cannot be "
             f"chosen); tuned points: {len(tuned_files())} files, {reported} of their {planned} runs on seeds 0-4.")
@@ -429,7 +440,10 @@ def curve_searches() -> None:
         with chdir(ROOT):
             d = expand_channels(expand(read(path), path)[0].to_dict())
         tuned[(d["norm"], setting_defense_words(d), d["gamma"], d["f"])] = path
-    confirmed = {r.get("source") for r in runs} & set(curve_confirmations())
+    # a confirmation counts once every run of it has finished (a found attack that is one of the
+    # catalogue's has the tuned file's runs, which count for it too)
+    confirmed = {f for f in curve_confirmations()
+                 if {r["hash"] for r in own_seed_runs(f)} >= planned_hashes(f)}
     rows, left = [], []
     for c in defense_map(runs, "gamma", "f", TUNED):
         if c["defenses"] < 2 or max(p["worst_acc"] for p in c["picks"]) <= chance + ABOVE_CHANCE:

@@ -366,10 +366,10 @@ def over_budget(plan: Plan, seconds: float, budget: float) -> str | None:
             f"(--protocol: {fit} of the {len(plan.protocols)} fit, about {per_norm:.1f} h each){trials}")
 
 
-def confirmation_values(search_path: Path, outcome_json: dict[str, Any], values: dict[str, Any] | None = None
-                        ) -> dict[str, Any] | None:
-    """The confirmation file of a finished search: the found attack on the board's seeds, at the
-    search file's setting (or `values`, the setting as the search ran it)."""
+def confirmation_values(search_path: Path, outcome_json: dict[str, Any], values: dict[str, Any] | None = None,
+                        seeds: list[int] | None = None) -> dict[str, Any] | None:
+    """The confirmation file of a finished search: the found attack on `seeds` (default the
+    board's), at the search file's setting (or `values`, the setting as the search ran it)."""
     worst = outcome_json.get("worst")
     if not worst:
         return None
@@ -378,10 +378,11 @@ def confirmation_values(search_path: Path, outcome_json: dict[str, Any], values:
     attack = {k: worst[k] for k in ("grad_attack", "grad_attack_params", "bn_mean_attack", "bn_mean_attack_params",
                                     "bn_var_attack", "bn_var_attack_params") if worst.get(k) not in (None, {})}
     from .labels import attack_words
+    seeds = list(BOARD_SEEDS) if seeds is None else seeds
     values["description"] = (f"The worst attack that robustbn attack-search {search_path.name} found (trial "
-                             f"{worst['trial']}, {attack_words(worst)}), on the board's seeds "
-                             f"{', '.join(map(str, BOARD_SEEDS))}, held out from the search's trials")
-    return {**values, "seed": BOARD_SEEDS, **attack}
+                             f"{worst['trial']}, {attack_words(worst)}), on the seeds {', '.join(map(str, seeds))}, "
+                             f"held out from the search's trials")
+    return {**values, "seed": seeds, **attack}
 
 
 def published_store(root: Path, workdir: Path):

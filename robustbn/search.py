@@ -194,7 +194,10 @@ def load(path: str | Path, overrides: list[str] = (), on: str | Path | None = No
     on_seeds = None
     if on is not None:
         defense, on_seeds = defense_of(on)
-        values = {**{k: v for k, v in values.items() if k not in FIELDS}, **defense}
+        # user modules: where either file looks for them, MATRIX's own folder included
+        dirs = [*values.get("search_path", []), *defense.pop("search_path", []), str(Path(on).resolve().parent)]
+        values = {**{k: v for k, v in values.items() if k not in FIELDS and k != "search_path"}, **defense,
+                  "search_path": list(dict.fromkeys(dirs))}
         for text in overrides:  # --set still has the last word
             key, value = parse_override(text)
             values[key] = value
@@ -232,6 +235,9 @@ def defense_of(path: str | Path) -> tuple[dict[str, Any], list[int]]:
 
     values = read(path)
     seeds = alternatives("seed", values.get("seed", 0))
+    if not all(is_integer(s) and 0 <= s < 2**63 for s in seeds):
+        raise SearchError(f"--on {path}: key 'seed' must be an integer or a list of integers >= 0, got "
+                          f"{values.get('seed')!r}")
     kept = {k: v for k, v in values.items()
             if k not in {"seed", "exclude", "description", "search", *ATTACK_KEYS}}
     several = [k for k, v in kept.items() if k in FIELDS and len(alternatives(k, v)) > 1]
@@ -239,6 +245,7 @@ def defense_of(path: str | Path) -> tuple[dict[str, Any], list[int]]:
         raise SearchError(f"--on {path}: key {several[0]!r} has several values ({kept[several[0]]!r}); --on takes a "
                           f"file of one defense at one setting (a tuned file of robustbn tune), its attacks and "
                           f"seeds aside")
+    expand({**kept, "seed": seeds[0]}, str(path))  # its fields checked under its own name
     return kept, [int(s) for s in seeds]
 
 

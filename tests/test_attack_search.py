@@ -517,16 +517,16 @@ def test_confirm_writes_the_found_attack_on_the_held_out_seeds(tmp_path, capsys)
 
 ON = BASE.replace('grad_agg = "mean"', 'grad_agg = "median"') + """lr = 0.03
 momentum = 0.5
-seed = [0, 1, 2, 3, 4]
+seed = [5, 6, 7]
 grad_attack = ["alie", "honest"]
-exclude = [{ grad_attack = "honest", seed = 4 }]
+exclude = [{ grad_attack = "honest", seed = 7 }]
 """
 
 
 def test_on_searches_the_defense_of_a_tuned_file_at_its_setting(tmp_path, capsys):
     """--on MATRIX: the trials run MATRIX's defense and setting (not the search file's), on the
-    [search] seeds; the confirmation file is MATRIX's setting with the found attack on seeds
-    0-4, so its runs join MATRIX's cells. --sampler-seed gives a search of its own."""
+    [search] seeds; the confirmation file is MATRIX's setting with the found attack on MATRIX's
+    seeds, so its runs join MATRIX's cells. --sampler-seed gives a search of its own."""
     from robustbn.matrix import expand, read
 
     template = write(tmp_path, (BASE + SPACE.format(seed=0)).replace("[search]\n", "[search]\nseeds = [10, 11]\n"))
@@ -540,7 +540,7 @@ def test_on_searches_the_defense_of_a_tuned_file_at_its_setting(tmp_path, capsys
     assert {r["seed"] for r in runs} == {10, 11}
     assert all(r["grad_agg"] == "median" and r["lr"] == 0.03 and r["momentum"] == 0.5 for r in runs)
     values = read(confirm)
-    assert values["seed"] == [0, 1, 2, 3, 4] and "exclude" not in values
+    assert values["seed"] == [5, 6, 7] and "exclude" not in values
     assert values["grad_attack"] == out["worst"]["grad_attack"]
     tuned = expand(read(on), str(on))[0].to_dict()
     for sc in expand(values, str(confirm)):
@@ -558,10 +558,27 @@ def test_on_takes_one_defense_and_held_out_seeds_in_one_line(tmp_path, capsys):
     two = write(tmp_path, ON.replace('grad_agg = "median"', 'grad_agg = ["median", "mean"]'), "two.toml")
     one_line_error(capsys, main(["attack-search", str(template), "--db", str(db), "--on", str(two)]),
                    "--on", "'grad_agg' has several values")
-    shared = write(tmp_path, (BASE + SPACE.format(seed=0)).replace("[search]\n", "[search]\nseeds = [4, 10]\n"),
+    shared = write(tmp_path, (BASE + SPACE.format(seed=0)).replace("[search]\n", "[search]\nseeds = [6, 10]\n"),
                    "shared.toml")
     one_line_error(capsys, main(["attack-search", str(shared), "--db", str(db), "--on",
                                  str(write(tmp_path, ON, "tuned.toml"))]), "share a seed", "held out")
     one_line_error(capsys, main(["attack-search", str(template), "--db", str(db), "--sampler-seed", "-1"]),
                    "--sampler-seed", "[0, 2**63 - 1]")
+    bad = write(tmp_path, ON.replace("lr = 0.03", "lr = -1.0"), "bad.toml")  # MATRIX's error names MATRIX
+    one_line_error(capsys, main(["attack-search", str(template), "--db", str(db), "--on", str(bad)]), "bad.toml", "lr")
+    seeds = write(tmp_path, ON.replace("seed = [5, 6, 7]", 'seed = "5"'), "seeds.toml")
+    one_line_error(capsys, main(["attack-search", str(template), "--db", str(db), "--on", str(seeds)]),
+                   "--on", "'seed'")
     assert not db.exists()
+
+
+def test_on_looks_for_user_modules_beside_both_files(tmp_path):
+    """--on: a user's module beside MATRIX (a tuned file in its own folder) stays found, so the
+    confirmation file written elsewhere carries its folder."""
+    from robustbn.search import load
+
+    (tmp_path / "tuned").mkdir()
+    template = write(tmp_path, (BASE + SPACE.format(seed=0)).replace("[search]\n", "[search]\nseeds = [10, 11]\n"))
+    on = write(tmp_path / "tuned", ON, "tuned.toml")
+    values, _ = load(template, on=on)
+    assert str((tmp_path / "tuned").resolve()) in values["search_path"] and values["grad_agg"] == "median"

@@ -180,7 +180,7 @@ def test_run_list_results_plot_round_trip(tmp_path, capsys):
         assert out.read_bytes()[:4] == b"\x89PNG" and out.stat().st_size > 10_000
 
 
-def test_run_takes_several_files_and_checks_them_all_before_a_run(tmp_path, capsys):
+def test_run_takes_several_files_and_checks_them_all_before_a_run(tmp_path, capsys, monkeypatch):
     """`robustbn run a.toml b.toml` (a shell glob of tuned files): each file's runs with its own
     line and its own source; a bad file among them stops everything before the first run."""
     a, db = write(tmp_path, TINY), str(tmp_path / "r.sqlite")
@@ -194,6 +194,9 @@ def test_run_takes_several_files_and_checks_them_all_before_a_run(tmp_path, caps
     with sqlite3.connect(db) as con:
         sources = Counter(source for (source,) in con.execute("SELECT source FROM runs"))
     assert sources == {str(a): 4, str(b): 2}
+    monkeypatch.setattr("robustbn.cli.run.BIG_MATRIX", 5)  # the size check counts every file's runs together
+    assert main(["run", str(a), str(b), "--db", db, "--quiet"]) == 2
+    assert "the 2 files expand to 6 runs; pass --yes" in capsys.readouterr().err
 
 
 def test_store_keys_by_stable_hash_and_commits_each_run(tmp_path):

@@ -237,6 +237,12 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     (tmp_path / confirm).write_text("")
     searched = [{**r, "source": confirm} if r["gamma"] == 1.0 and r["bn_agg"] == "nnm+median" else r for r in runs]
     monkeypatch.setattr(tables, "curve_runs", lambda x=None: searched)
+    mine = [r for r in searched if r.get("source") == confirm]
+    monkeypatch.setattr(tables, "planned_hashes", lambda path: frozenset(r["hash"] for r in mine))
+    monkeypatch.setattr(tables, "own_seed_runs", lambda path: mine[:-1])  # 4 of its 5 runs finished: not yet
+    tables.curve_searches()
+    assert "0 of the 1 picks" in capsys.readouterr().out
+    monkeypatch.setattr(tables, "own_seed_runs", lambda path: mine)
     tables.curve_searches()
     out = capsys.readouterr().out
     assert "1 of the 1 picks a search could change are searched" in out and "robustbn attack-search" not in out

@@ -108,8 +108,11 @@ def _write_confirmation(args, values: dict, outcome_json: dict) -> None:
 
     from ..evaluate import confirmation_values, toml_text
     from ..matrix import carried_search_path
+    from ..search import defense_of
 
-    confirm = confirmation_values(Path(args.file), outcome_json, values)
+    # --on MATRIX: confirmed on MATRIX's seeds, so that its runs join MATRIX's cells
+    seeds = defense_of(args.on)[1] if args.on else None
+    confirm = confirmation_values(Path(args.file), outcome_json, values, seeds)
     if confirm is None:
         raise UsageError(f"--confirm {args.confirm}: the search has no finished trial, so no attack to confirm")
     Path(args.confirm).parent.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,9 @@ def register(sub) -> None:
     p.set_defaults(run=cmd_run)
 
 
-def run_and_report(values_scenarios, source, args) -> int:
+def run_and_report(values_scenarios, source, args, label: str = "", checked: bool = False) -> int:
+    """Run a file's scenarios and print one summary line (after `label`). `checked`: the size
+    check was made on every file's runs together (run with several files)."""
     from ..checkpoint import Interrupted, checkpoint_dir
     from ..execute import MAX_JOBS, RayOptions, parse_shard, run_matrix
     from ..store import Store
@@ -53,7 +55,7 @@ def run_and_report(values_scenarios, source, args) -> int:
                          f"{os.cpu_count()} cores), got {args.jobs}")
     if args.checkpoint_every is not None and args.checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every must be >= 0 rounds (0: no checkpoints), got {args.checkpoint_every}")
-    if len(scenarios) > BIG_MATRIX and not args.yes:
+    if len(scenarios) > BIG_MATRIX and not args.yes and not checked:
         raise UsageError(f"{source} expands to {len(scenarios)} runs; pass --yes to run them all "
                          f"(or --shard I/N to run a slice; `robustbn list` shows them)")
     executor = getattr(args, "executor", "local")
@@ -85,7 +87,7 @@ def run_and_report(values_scenarios, source, args) -> int:
     where = f"shard {args.shard} of {len(scenarios)} runs: " if shard else ""
     others = f", {summary.taken} being run by another process" if summary.taken else ""
     resumed = f" ({summary.resumed} resumed from checkpoints)" if summary.resumed else ""
-    print(f"{where}{summary.total} runs: {summary.done} ran{resumed}, {summary.skipped} already done{others}, "
+    print(f"{label}{where}{summary.total} runs: {summary.done} ran{resumed}, {summary.skipped} already done{others}, "
           f"{len(summary.failed)} failed; results in {args.db}")
     if code >= 128:
         print(f"robustbn {args.command}: stopped by {signal.Signals(code - 128).name}: "
@@ -126,11 +128,16 @@ def cmd_run(args) -> int:
 
     files = list(dict.fromkeys(args.file))  # a file named twice runs once
     loaded = [load(f, args.set) for f in files]  # a bad file stops everything before a run starts
+    if len(files) == 1:
+        return run_and_report(loaded[0], str(files[0]), args)
+    total = sum(len(scenarios) for _, scenarios in loaded)
+    if total > BIG_MATRIX and not args.yes:
+        raise UsageError(f"the {len(files)} files expand to {total} runs; pass --yes to run them all "
+                         f"(or --shard I/N to run a slice; `robustbn list` shows each file's)")
     code = 0
     for i, (path, values_scenarios) in enumerate(zip(files, loaded)):
-        if len(files) > 1:
-            print(f"{path} ({i + 1} of {len(files)}):", end=" ", flush=True)
-        code = max(code, run_and_report(values_scenarios, str(path), args))
+        code = max(code, run_and_report(values_scenarios, str(path), args, f"{path} ({i + 1} of {len(files)}): ",
+                                        checked=True))
         if code >= 128:  # stopped by a signal: the files left are not started
             break
     return code
