@@ -249,6 +249,26 @@ def tuning_runs() -> list[dict]:
 
 
 @cache
+def planned_defenses() -> dict[tuple, int]:
+    """How many defenses the tuning plans per (norm, gamma, f, server data): a map cell's full set."""
+    from robustbn.worst import server_data
+
+    plan, _, by_hash = tuning_plan()
+    planned = defaultdict(set)
+    for h in plan.hashes:
+        row = expand_channels(by_hash[h].to_dict())
+        planned[(row["norm"], row["gamma"], row["f"], server_data(row))].add(plan.identity(row))
+    return {k: len(v) for k, v in planned.items()}
+
+
+def expected_defenses(norm, threat, gamma, f) -> int | None:
+    """defense_map's `expected`: the cell's planned defenses (None where the tuning is not written)."""
+    if not (ROOT / tuning_file()).is_file():
+        return None
+    return planned_defenses().get((norm, float(gamma), int(f), threat))
+
+
+@cache
 def tuning_plan():
     """The tuning as `robustbn tune` runs it: its plan (robustbn.tune.Tuning), each run's grid
     point, and the file's runs by hash."""
@@ -270,11 +290,22 @@ def curve_confirmations() -> tuple[str, ...]:
     return tuple(sorted(str(p.relative_to(ROOT)) for p in (ROOT / TUNED_DIR).glob(f"{SEARCHED_PREFIX}*.toml")))
 
 
+def all_finished(path: str) -> bool:
+    """Whether every run of a file has finished (a tuned file half run has a worst case over
+    some of its attacks only: the curves wait for the rest)."""
+    return {r["hash"] for r in own_seed_runs(path)} >= planned_hashes(path)
+
+
+def curve_files() -> tuple[str, ...]:
+    """The files the curves read: the tuned files and search confirmations whose runs have all finished."""
+    return tuple(f for f in tuned_files() + curve_confirmations() if all_finished(f))
+
+
 def curve_runs(x: str | None = None) -> list[dict]:
     """The reported runs of the curves (seeds 0-4 of the tuned files and of the confirmations of
-    the searches at their points), along `x` where given."""
-    files = tuned_files() + curve_confirmations()
-    runs = [r for r in matrix_runs(files) if r["seed"] in BOARD_SEEDS] if tuned_files() else []
+    the searches at their points, each once all its runs have finished), along `x` where given."""
+    files = curve_files()
+    runs = [r for r in matrix_runs(files) if r["seed"] in BOARD_SEEDS] if files else []
     if x is None:
         return runs
     held, value = SWEEPS[x]
@@ -315,11 +346,14 @@ def tuning_status() -> str:
 
     done = {r["hash"] for r in tuning_runs() if is_attack(r)}
     total, attacked = runs_planned(tuning_file()), runs_planned(tuning_file(), attacked=True)  # expanded once
-    reported = len(curve_runs())  # the tuned files' runs and their searches' confirmations
-    planned = len({h for f in tuned_files() + curve_confirmations() for h in planned_hashes(f)})
+    files = tuned_files() + curve_confirmations()  # the tuned files and their searches' confirmations
+    reported = len({r["hash"] for f in files for r in own_seed_runs(f)})
+    planned = len({h for f in files for h in planned_hashes(f)})
     return (f"Tuning: {len(done)} of at most {attacked} attacked runs (`{tuning_file()}`: {total} runs, of which "
             f"the rule reads the attacked ones; pruning skips the rest of a point's attacks once it cannot be "
-            f"chosen); tuned points: {len(tuned_files())} files, {reported} of their {planned} runs on seeds 0-4.")
+            f"chosen); tuned points: {len(tuned_files())} of {len(tuning_plan()[0].defenses)} files written, "
+            f"{reported} of their {planned} runs on seeds 0-4; the curves and the map read the "
+            f"{sum(map(all_finished, tuned_files()))} whose runs have all finished.")
 
 
 def _curve_digest(lines: dict) -> str:
@@ -386,7 +420,7 @@ def robustness_map() -> None:
     if not runs:
         print(f"No map yet: it needs the curves' runs. {tuning_status()}")
         return
-    xs, ys, panels = map_panels(defense_map(runs, "gamma", "f", TUNED))
+    xs, ys, panels = map_panels(defense_map(runs, "gamma", "f", TUNED, expected_defenses))
     for norm, threat, here in panels:
         print(f"{norm_words(norm)}, {'root-free' if threat is None else 'trusted server data (' + threat + ')'}:\n")
         print(f"| f \\ gamma | {' | '.join(f'{g:g}' for g in xs)} |")
@@ -428,7 +462,7 @@ def curve_searches() -> None:
 
     from robustbn.labels import norm_words
     from robustbn.matrix import expand, read
-    from robustbn.worst import defense_map
+    from robustbn.worst import BEST, TIED, defense_map
 
     runs = curve_runs()
     if not runs:
@@ -442,11 +476,10 @@ def curve_searches() -> None:
         tuned[(d["norm"], setting_defense_words(d), d["gamma"], d["f"])] = path
     # a confirmation counts once every run of it has finished (a found attack that is one of the
     # catalogue's has the tuned file's runs, which count for it too)
-    confirmed = {f for f in curve_confirmations()
-                 if {r["hash"] for r in own_seed_runs(f)} >= planned_hashes(f)}
+    confirmed = {f for f in curve_confirmations() if all_finished(f)}
     rows, left = [], []
-    for c in defense_map(runs, "gamma", "f", TUNED):
-        if c["defenses"] < 2 or max(p["worst_acc"] for p in c["picks"]) <= chance + ABOVE_CHANCE:
+    for c in defense_map(runs, "gamma", "f", TUNED, expected_defenses):
+        if c["verdict"] not in (BEST, TIED) or c["defenses"] < 2 or max(p["worst_acc"] for p in c["picks"]) <= chance + ABOVE_CHANCE:
             continue
         for p in c["picks"]:
             path = tuned.get((c["norm"], p["defense"], c["gamma"], c["f"]))
@@ -497,15 +530,12 @@ def tuning_moved() -> None:
     # every defense the tuning plans, per point and threat model; one whose pruning has not settled
     # has no choice yet, whatever its points have run
     group = lambda row: (row["norm"], row["gamma"], row["f"], server_data(row))
-    planned = defaultdict(set)
-    for h in plan.hashes:
-        row = expand_channels(by_hash[h].to_dict())
-        planned[group(row)].add(plan.identity(row))
+    planned = planned_defenses()
     points = defaultdict(list)
     for c in settled_choices(finished, {"lr": values["lr"]}, plan, point_of):
         if c["complete"]:
             points[group(c["setting"])].append(c)
-    done = {k: cs for k, cs in points.items() if len(cs) == len(planned[k])}
+    done = {k: cs for k, cs in points.items() if len(cs) == planned[k]}
     if not done:
         settled = sum(len(cs) for cs in points.values())
         print(f"No point fully tuned yet ({settled} of {len(plan.defenses)} defenses' choices settled). "
@@ -1272,7 +1302,8 @@ def page(out: Path = PAGE) -> Path:
     from robustbn.report import robustness_html, write_page
 
     curves = curve_runs()
-    return write_page(board_runs(), out, robustness=robustness_html(curves, TUNED, SWEEPS, tuning_status()))
+    return write_page(board_runs(), out, robustness=robustness_html(curves, TUNED, SWEEPS, tuning_status(),
+                                                                    expected_defenses))
 
 
 def page_check(outs: list[Path] = (PAGE,)) -> int:

@@ -335,8 +335,8 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
     names = sorted({name(pts[0]) for mine in lines.values() for pts in mine.values()}, key=lambda n: (n != "mean", n))
     seeds = {n: [t["seeds"] for mine in lines.values() for pts in mine.values() for t in pts
                  if name(t) == n and t["worst_acc"] is not None] for n in names}
-    fig, axes = plt.subplots(1, len(lines), figsize=(4.6 * len(lines) + 1, 4.8), sharey=True, squeeze=False,
-                             layout="constrained")
+    width = max(4.6 * len(lines) + 1, 8.0)  # one panel: room for the caption and the legend
+    fig, axes = plt.subplots(1, len(lines), figsize=(width, 4.8), sharey=True, squeeze=False, layout="constrained")
     handles = {}
     for ax, (norm, mine) in zip(axes[0], lines.items()):
         for pts in mine.values():
@@ -350,6 +350,10 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
             low = [t["worst_acc"] if t["ci_low"] is None else t["ci_low"] for t in known]
             high = [t["worst_acc"] if t["ci_high"] is None else t["ci_high"] for t in known]
             ax.fill_between(xs, low, high, color=color, alpha=0.15, linewidth=0)
+            # the interval as a bar too: a band between points shows nothing at a lone point
+            ax.errorbar(xs, [t["worst_acc"] for t in known], yerr=[[t["worst_acc"] - lo for t, lo in zip(known, low)],
+                        [hi - t["worst_acc"] for t, hi in zip(known, high)]], fmt="none", ecolor=color,
+                        elinewidth=0.8, capsize=2, alpha=0.6)
             clean = [t for t in pts if t["no_attack_acc"] is not None]
             ax.plot([t[x] for t in clean], [t["no_attack_acc"] for t in clean], color=color, linestyle="--",
                     linewidth=1.0, marker="o", markersize=4, markerfacecolor="none")  # a lone point shows too
@@ -375,6 +379,7 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
     fig.legend(legend, words, fontsize=7, loc="outside lower center", ncols=2)
     caption = (f"worst case over the attacks run (catalogue and confirmed searched): mean over seeds, band: "
                f"{CLIPPED_WORDS}")
+    caption = textwrap.fill(caption, width=int(15 * width))  # about 15 characters an inch at 9 points
     fig.suptitle(f"{title}\n{caption}" if title else caption, fontsize=9)
     return fig
 

@@ -440,11 +440,12 @@ def recommendations_html(board: Board) -> str:
 
 
 def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] = ("lr",),
-                    sweeps: dict[str, tuple[str, Any]] | None = None, pending: str = "") -> str:
+                    sweeps: dict[str, tuple[str, Any]] | None = None, pending: str = "",
+                    expected=None) -> str:
     """The robustness section: per protocol and threat model, which defense to use at each (f,
     gamma) point (robustbn.worst.defense_map, each pick at its tuned values) as an HTML table,
     then the worst case along each sweep (x: the other field held), as figures. `pending`: what
-    to say where there is no run yet."""
+    to say where there is no run yet; `expected`: defense_map's (how many defenses a cell is to have)."""
     from .plots import figure
     from .worst import defense_map, map_panels, pick_head
 
@@ -452,7 +453,7 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
     if not curves:  # the sentence is markdown: its `commands` and paths as code, which may wrap anywhere
         text = re.sub(r"`([^`]+)`", r"<code>\1</code>", e(pending or "No robustness curve run yet."))
         return f"<p>{text}</p>"
-    xs, ys, panels = map_panels(defense_map(curves, "gamma", "f", tuned))
+    xs, ys, panels = map_panels(defense_map(curves, "gamma", "f", tuned, expected))
     out = []
     for norm, data, here in panels:
         model = ROOT_FREE if data is None else f"{TRUSTED} ({data})"

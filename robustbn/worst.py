@@ -68,7 +68,7 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .channels import CHANNELS, PARTS, expand_channels
 from .labels import (
@@ -298,8 +298,8 @@ def shown_columns(table: list[dict[str, Any]]) -> list[str]:
 ONLY = "the only defense run"
 
 
-def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tuned: Iterable[str] = ()
-                ) -> list[dict[str, Any]]:
+def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tuned: Iterable[str] = (),
+                expected: Callable[[str, str | None, Any, Any], int | None] | None = None) -> list[dict[str, Any]]:
     """Which defense to use where, ByzFL style: per norm protocol, threat model and (y, x) cell
     (every other setting field as it is), the defenses the paired rule of `worst_case` picks:
     the best, or every one tied for best, or ONLY where one defense ran there. A cell of f = 0
@@ -307,7 +307,9 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tune
     root-free), x, y, verdict (BEST, TIED, ONLY, or "n seeds, no verdict" where fewer than
     MIN_PAIRS seeds pair, the highest worst case its pick, as on the leaderboard), picks
     (the defenses: defense, worst_acc, ci_low, ci_high, seeds, worst_attack) and defenses (how
-    many ran there). `tuned` (as `worst_case`): each pick carries its values of them."""
+    many ran there). `tuned` (as `worst_case`): each pick carries its values of them.
+    `expected(norm, threat, x value, y value)`: how many defenses the cell is to have; where
+    fewer have run, the cell picks none ("k of m defenses run, no pick yet")."""
     tuned = tuple(tuned)
     table = [t for t in worst_case(rows, tuned) if t.get("f") and t.get(x) is not None and t.get(y) is not None]
     others = [k for k in dict.fromkeys(k for t in table for k in t)
@@ -324,6 +326,9 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tune
         few = too_few(min((t["gap_pairs"] for t in ts if t["gap_pairs"] is not None), default=None))
         picks, verdict = ([max(ts, key=lambda t: t["worst_acc"])], few) if few else (best, BEST) if best else \
             (tied, TIED) if tied else (ts, ONLY)
+        want = expected(norm, data, ts[0][x], ts[0][y]) if expected else None
+        if want is not None and len(ts) < want:  # a pick among some of the defenses is no pick
+            picks, verdict = ts, f"{len(ts)} of {want} defenses run, no pick yet"
         picks = sorted(picks, key=lambda t: -t["worst_acc"])
         out.append({"norm": norm, "threat": data, x: ts[0][x], y: ts[0][y], "verdict": verdict, "defenses": len(ts),
                     "picks": [{**{k: t[k] for k in ("defense", "worst_acc", "ci_low", "ci_high", "seeds",

@@ -246,3 +246,9 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     tables.curve_searches()
     out = capsys.readouterr().out
     assert "1 of the 1 picks a search could change are searched" in out and "robustbn attack-search" not in out
+    # a point where fewer defenses ran than the tuning plans: no pick in the map, no search
+    monkeypatch.setattr(tables, "expected_defenses", lambda norm, threat, gamma, f: 3)
+    tables.robustness_map()
+    assert "| 3 | 2 of 3 defenses run, no pick yet: " in capsys.readouterr().out
+    tables.curve_searches()
+    assert "0 of the 0 picks" in capsys.readouterr().out
