@@ -248,16 +248,21 @@ def tuning_runs() -> list[dict]:
     return own_seed_runs(tuning_file())
 
 
-@cache
-def planned_defenses() -> dict[tuple, int]:
-    """How many defenses the tuning plans per (norm, gamma, f, server data): a map cell's full set."""
+def curve_cell(row: dict) -> tuple:
+    """A run's or a defense's point and threat model: (norm, gamma, f, server data)."""
     from robustbn.worst import server_data
 
+    return row["norm"], row["gamma"], row["f"], server_data(row)
+
+
+@cache
+def planned_defenses() -> dict[tuple, int]:
+    """How many defenses the tuning plans per curve_cell: a map cell's full set."""
     plan, _, by_hash = tuning_plan()
     planned = defaultdict(set)
     for h in plan.hashes:
         row = expand_channels(by_hash[h].to_dict())
-        planned[(row["norm"], row["gamma"], row["f"], server_data(row))].add(plan.identity(row))
+        planned[curve_cell(row)].add(plan.identity(row))
     return {k: len(v) for k, v in planned.items()}
 
 
@@ -525,16 +530,13 @@ def tuning_moved() -> None:
     base = read(ROOT / ROBUSTNESS_MATRIX)["lr"]
     plan, point_of, by_hash = tuning_plan()
     finished = {r["hash"]: r for r in tuning_runs() if r["hash"] in by_hash}
-    from robustbn.worst import server_data
-
     # every defense the tuning plans, per point and threat model; one whose pruning has not settled
     # has no choice yet, whatever its points have run
-    group = lambda row: (row["norm"], row["gamma"], row["f"], server_data(row))
     planned = planned_defenses()
     points = defaultdict(list)
     for c in settled_choices(finished, {"lr": values["lr"]}, plan, point_of):
         if c["complete"]:
-            points[group(c["setting"])].append(c)
+            points[curve_cell(c["setting"])].append(c)
     done = {k: cs for k, cs in points.items() if len(cs) == planned[k]}
     if not done:
         settled = sum(len(cs) for cs in points.values())
