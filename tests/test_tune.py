@@ -4,6 +4,7 @@ seeds, recomputed from the store; the tuned files; bad input in one line."""
 import json
 import statistics
 import tomllib
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -351,3 +352,36 @@ def test_the_curve_pipeline_tune_run_search_on_a_tuned_file_and_confirm(tmp_path
     for r in rows:
         assert r["lr"] == lrs[r["gamma"]] and r["seeds"] == 5 and r["norm"] == "fbn" and r["grad_agg"] == "median"
         assert r["attacks"] == (2 if r["gamma"] == 1.0 else 1)
+
+
+def test_a_defense_s_tuned_file_is_written_once_it_settles_and_then_never_changes(tmp_path, monkeypatch, capsys):
+    """`robustbn tune` writes a tuned file after every wave, for each defense whose choice is
+    settled: the mean, with one attack, settles in the first wave and its file is there before
+    the median (two attacks) runs its second; no wave runs a settled defense again, and no file
+    changes once written."""
+    import robustbn.execute as execute
+
+    path = tmp_path / "m.toml"
+    path.write_text(toml_text({**MATRIX, "exclude": [{"grad_agg": "mean", "grad_attack": "nan"}]}))
+    out = tmp_path / "tuned"
+    seen, real = [], execute.run_matrix
+
+    def recording(scenarios, *args, **kwargs):
+        files = {p.name: p.read_text() for p in out.glob("tuned_*.toml")}
+        seen.append((files, {sc.grad_agg for sc in scenarios}))
+        return real(scenarios, *args, **kwargs)
+
+    monkeypatch.setattr(execute, "run_matrix", recording)
+    assert main(["tune", str(path), "--grid", "lr=[0.0001,0.1]", "--db", str(tmp_path / "t.sqlite"), "--out",
+                 str(out), "--jobs", "1", "--quiet", "--format", "json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    final = {p.name: p.read_text() for p in out.glob("tuned_*.toml")}
+    assert len(final) == 2 and len(seen) >= 2
+    mean_file = next(name for name in final if "mean" in name)
+    assert seen[0][0] == {}  # nothing is settled before the first wave
+    assert all(mean_file in files for files, _ in seen[1:])  # the mean settled in the first wave ...
+    assert any(aggs == {"median"} for _, aggs in seen[1:])  # ... while the median still ran
+    for files, aggs in seen:
+        assert not {"mean" if "mean" in name else "median" for name in files} & aggs  # a settled defense never runs
+        assert all(final[name] == text for name, text in files.items())  # nor does its file change
+    assert {Path(d["file"]).name for d in got["defenses"]} == set(final)
