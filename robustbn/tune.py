@@ -205,6 +205,37 @@ def settled_choices(finished: dict[str, dict[str, Any]], grid: dict[str, list[An
     return choices
 
 
+MIN_WAVE = 16  # a wave cut to --first's defenses still has this many runs: lanes sharing a store stay busy
+
+
+def first_ranks(by_hash: dict[str, Any], key: str, wanted: list[Any]) -> dict[str, int]:
+    """Each run's priority (by hash) for `robustbn tune --first KEY=[V1,...]`: the index of its
+    KEY in `wanted`, and len(wanted) for every other value. A value no run has is an error."""
+    if key not in FIELDS or key == "seed":
+        raise TuneError(f"--first {key}: not a field of the matrix's defenses or settings, e.g. --first norm=fbn")
+    held = [canonical(getattr(sc, key, None)) for sc in by_hash.values()]
+    have = list(dict.fromkeys(repr(hashable(v)) for v in held))
+    ranks_of = {repr(hashable(canonical(v))): i for i, v in reversed(list(enumerate(wanted)))}
+    missing = [v for v in wanted if repr(hashable(canonical(v))) not in have]
+    if missing:
+        raise TuneError(f"--first {key}={missing[0]!r}: no run of the tuning has it; its runs have "
+                        f"{key} in {', '.join(have)}")
+    return {h: ranks_of.get(repr(hashable(v)), len(wanted)) for h, v in zip(by_hash, held)}
+
+
+def first_runs(wave: list[str], rank: dict[str, int], min_runs: int | None = None) -> list[str]:
+    """A wave cut to its highest-priority runs (`first_ranks`): the runs of the best rank it
+    holds, then of the next, until it has at least `min_runs` (default MIN_WAVE). Every run kept
+    is one the pruning asked for, so the choices are the same; only their order changes."""
+    min_runs = MIN_WAVE if min_runs is None else min_runs
+    kept: list[str] = []
+    for r in sorted({rank[h] for h in wave}):
+        kept += [h for h in wave if rank[h] == r]
+        if len(kept) >= min_runs:
+            break
+    return kept
+
+
 def _key(row: dict[str, Any], fields) -> tuple:
     """Values as the store holds them (1 and 1.0 alike), hashable."""
     return tuple(repr(hashable(canonical(row.get(k)))) for k in fields)

@@ -385,3 +385,63 @@ def test_a_defense_s_tuned_file_is_written_once_it_settles_and_then_never_change
         assert not {"mean" if "mean" in name else "median" for name in files} & aggs  # a settled defense never runs
         assert all(final[name] == text for name, text in files.items())  # nor does its file change
     assert {Path(d["file"]).name for d in got["defenses"]} == set(final)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ranks=st.lists(st.integers(0, 3), max_size=40), min_runs=st.integers(0, 20))
+def test_a_wave_cut_to_its_first_runs_keeps_whole_ranks_best_first(ranks, min_runs):
+    from robustbn.tune import first_runs
+
+    wave = [f"h{i}" for i in range(len(ranks))]
+    rank = dict(zip(wave, ranks))
+    kept = first_runs(wave, rank, min_runs)
+    assert kept == sorted(kept, key=lambda h: (rank[h], wave.index(h)))  # best rank first, the wave's order within
+    held = sorted(set(ranks))
+    taken = sorted({rank[h] for h in kept})
+    assert taken == held[:len(taken)]  # the best ranks, none skipped
+    assert all(sum(rank[h] == r for h in kept) == ranks.count(r) for r in taken)  # each rank whole
+    # as few ranks as reach min_runs (all of them where the wave is smaller)
+    assert len(kept) >= min(min_runs, len(wave)) or not wave
+    if len(taken) > 1:
+        assert len([h for h in kept if rank[h] != taken[-1]]) < min_runs
+    assert bool(kept) == bool(wave)
+
+
+def test_first_tunes_one_group_of_defenses_before_the_rest_and_chooses_the_same(matrix, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """--first grad_agg=median: every wave runs the median's runs while it has any, the mean's only
+    after; the choices and files are those of the tuning without --first."""
+    import robustbn.execute as execute
+    import robustbn.tune as tune
+
+    waves, real = [], execute.run_matrix
+    monkeypatch.setattr(execute, "run_matrix", lambda scs, *a, **k: (waves.append({sc.grad_agg for sc in scs}),
+                                                                       real(scs, *a, **k))[1])
+    monkeypatch.setattr(tune, "MIN_WAVE", 1)  # the tiny matrix's waves are all shorter than the default
+    answers = {}
+    for name, extra in (("plain", []), ("first", ["--first", "grad_agg=median"])):
+        waves.clear()
+        assert main(["tune", str(matrix), "--grid", "lr=[0.0001,0.1]", "--db", str(tmp_path / f"{name}.sqlite"),
+                     "--out", str(tmp_path / name), "--jobs", "1", "--quiet", "--format", "json", *extra]) == 0
+        answers[name] = [(d["defense"], d["chosen"], d["chosen_acc"]) for d in json.loads(capsys.readouterr().out)
+                         ["defenses"]]
+        if name == "first":
+            assert all(len(w) == 1 for w in waves)
+            assert waves.index({"mean"}) > max(i for i, w in enumerate(waves) if w == {"median"})
+        else:
+            assert waves[0] == {"mean", "median"}
+    assert answers["first"] == answers["plain"]
+    assert sorted(p.read_text() for p in (tmp_path / "first").glob("tuned_*.toml")) == \
+        sorted(p.read_text() for p in (tmp_path / "plain").glob("tuned_*.toml"))
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--first", "norm=naive"], ["--first norm='naive'", "no run of the tuning has it", "norm in 'fbn'"]),
+    (["--first", "colour=red"], ["--first colour", "not a field"]),
+    (["--first", "seed=10"], ["--first seed", "not a field"]),
+    (["--first", "norm=fbn", "--full"], ["--first", "--full", "give one of them"]),
+])
+def test_bad_first_gets_one_line(matrix, tmp_path, capsys, args, words):
+    code = main(["tune", str(matrix), "--grid", "lr=[0.0001,0.1]", "--db", str(tmp_path / "t.sqlite"), "--plan",
+                 *args])
+    one_line_error(capsys, code, *words)

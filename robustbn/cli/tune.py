@@ -47,6 +47,9 @@ def register(sub) -> None:
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--plan", action="store_true", help="write the tuning file and count its runs, run nothing")
     p.add_argument("--full", action="store_true", help="run every run of the tuning file (no pruning, clean runs too)")
+    p.add_argument("--first", default=None, metavar="KEY=[V1,...]",
+                   help="tune the defenses and points whose KEY is V1 first, then V2, ..., then the rest (e.g. "
+                        "--first norm=fbn: one protocol's tuned files sooner); the choices are the same")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=cmd_tune)
 
@@ -61,21 +64,25 @@ def _seeds(text: str, flag: str) -> list[int]:
     return seeds
 
 
-def _pruned(plan, by_hash: dict, store, source: str, args, after_wave):
+def _pruned(plan, by_hash: dict, store, source: str, args, after_wave, rank: dict | None = None):
     """Run the tuning in waves (robustbn.tune.Tuning) until every defense's choice is settled,
-    calling after_wave(finished runs by hash) before each wave. Runs another process holds are
-    waited for; a run that fails here is not retried."""
+    calling after_wave(finished runs by hash) before each wave; `rank` (robustbn.tune.first_ranks):
+    each wave cut to its first runs. Runs another process holds are waited for; a run that fails
+    here is not retried."""
     import dataclasses
     import time
 
     from ..execute import Summary, run_matrix
     from ..store import FINISHED
+    from ..tune import first_runs
 
     summary, failed, wave_no = Summary(), set(), 0
     while True:
         finished = {r["hash"]: r for r in store.rows(status=FINISHED) if r["hash"] in by_hash}
         after_wave(finished)
         wave = plan.next_wave(finished, frozenset(failed))
+        if rank:
+            wave = first_runs(wave, rank)
         if not wave:
             return summary
         wave_no += 1
@@ -145,11 +152,13 @@ def cmd_tune(args) -> int:
     from ..execute import pending, run_matrix
     from ..matrix import carried_search_path, parse_override
     from ..store import FINISHED, Store, strict_json
-    from ..tune import (REPORT_SEEDS, TUNING_SEEDS, Tuning, check_matrix, expand_grid, grid_points, setting_fields,
-                        varies)
+    from ..tune import (REPORT_SEEDS, TUNING_SEEDS, Tuning, check_matrix, expand_grid, first_ranks, grid_points,
+                        setting_fields, varies)
 
     if not 1 <= args.jobs <= 512:
         raise UsageError(f"--jobs must be between 1 and 512, got {args.jobs}")
+    if args.first is not None and args.full:
+        raise UsageError("--first orders the pruned waves; --full runs every run at once: give one of them")
     if not args.grid:
         raise UsageError("give --grid KEY=[V1,V2,...], e.g. --grid 'lr=[0.01,0.05,0.1]'")
     seeds = _seeds(args.seeds, "--seeds") if args.seeds is not None else TUNING_SEEDS
@@ -186,6 +195,10 @@ def cmd_tune(args) -> int:
         tuning.write_text(text, encoding="utf-8")
     by_hash, point_of = expand_grid(tuning, grid)
     scenarios = list(by_hash.values())
+    rank = None
+    if args.first is not None:
+        ((key, wanted),) = key_values([args.first], "--first", "norm=fbn").items()
+        rank = first_ranks(by_hash, key, wanted if isinstance(wanted, list) else [wanted])
     # a plan runs nothing and makes no store: it counts against an empty one where there is none
     empty = tempfile.TemporaryDirectory() if args.plan and not Path(args.db).is_file() else None
     store = Store(Path(empty.name) / "plan.sqlite") if empty else Store(args.db, readonly=args.plan)
@@ -208,7 +221,7 @@ def cmd_tune(args) -> int:
             else:  # each defense's tuned file is written once its choice is settled, wave by wave
                 after_wave = lambda finished: _write_tuned(finished, grid, plan, point_of, values, out,
                                                            report_seeds)
-                summary = _pruned(plan, by_hash, store, str(tuning), args, after_wave)
+                summary = _pruned(plan, by_hash, store, str(tuning), args, after_wave, rank)
         except Interrupted as e:
             print(f"robustbn tune: stopped by {signal.Signals(e.signum).name}; the running runs are checkpointed in "
                   f"{checkpoint_dir(args.db)}; the same command resumes", file=sys.stderr)
