@@ -423,9 +423,10 @@ def test_first_tunes_one_group_of_defenses_before_the_rest_and_chooses_the_same(
         waves.clear()
         assert main(["tune", str(matrix), "--grid", "lr=[0.0001,0.1]", "--db", str(tmp_path / f"{name}.sqlite"),
                      "--out", str(tmp_path / name), "--jobs", "1", "--quiet", "--format", "json", *extra]) == 0
-        answers[name] = [(d["defense"], d["chosen"], d["chosen_acc"]) for d in json.loads(capsys.readouterr().out)
-                         ["defenses"]]
+        out = capsys.readouterr()
+        answers[name] = [(d["defense"], d["chosen"], d["chosen_acc"]) for d in json.loads(out.out)["defenses"]]
         if name == "first":
+            assert "tune: --first grad_agg: 'median' 1 defense, then the rest 1 defense" in out.err
             assert all(len(w) == 1 for w in waves)
             assert waves.index({"mean"}) > max(i for i, w in enumerate(waves) if w == {"median"})
         else:

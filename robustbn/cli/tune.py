@@ -96,6 +96,16 @@ def _pruned(plan, by_hash: dict, store, source: str, args, after_wave, rank: dic
             time.sleep(30)  # another process shares the store and holds this wave's runs
 
 
+def _first_groups(plan, rank: dict, wanted) -> str:
+    """How many defenses (each at each point of the setting) --first puts in each group, in order."""
+    wanted = wanted if isinstance(wanted, list) else [wanted]
+    counts = [0] * (len(wanted) + 1)
+    for by_point in plan.defenses.values():
+        counts[rank[next(h for attacks in by_point for hashes in attacks.values() for h in hashes)]] += 1
+    names = [repr(v) for v in wanted] + ["then the rest"]
+    return ", ".join(f"{name} {n} defense{'s' * (n != 1)}" for name, n in zip(names, counts) if n or name != names[-1])
+
+
 def _milestones_note(matrix: str, values: dict, grid: dict) -> None:
     """lr_milestones set absolute rates from their first round on: a grid of lr tunes the rounds before."""
     from ..matrix import alternatives
@@ -213,6 +223,8 @@ def cmd_tune(args) -> int:
             print(f"{head}: {total} runs, of which the rule reads the {plan.attacked} attacked ones (clean runs are "
                   f"left out); {left} of those not run yet, and pruning runs only what a choice still needs "
                   f"({tuning})", file=sys.stderr)
+        if rank:
+            print(f"tune: --first {key}: {_first_groups(plan, rank, wanted)}", file=sys.stderr)
         if args.plan:
             return 0
         try:
