@@ -36,7 +36,12 @@ class Attack:
         if f == 0:
             return honest.new_empty((0, honest.shape[1]))
         self.check(honest.shape[0], f)
-        return self.forge(honest, f)
+        out = self.forge(honest, f)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (f, honest.shape[1]):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"attack {self.name!r} returned {got}; an attack returns the f Byzantine messages, a "
+                             f"tensor of shape (f, d) = ({f}, {honest.shape[1]})")
+        return out
 
     def check(self, h: int, f: int) -> None:
         """Raise a ValueError unless the attack can forge f messages from h honest ones: its

@@ -141,12 +141,36 @@ def _combinations(axes: dict[str, list], rules: list[dict]) -> Iterator[dict[str
 
 def expand(values: dict[str, Any], source: str = "<scenario>") -> list[Scenario]:
     """The validated scenarios of one file's values (after overrides), in file order."""
+    axes, rules = _axes(values, source)
+    scenarios, on_disk = [], {}
+    for chosen in _combinations(axes, rules):
+        scenarios.append(_scenario(chosen, axes, source, on_disk))
+    if not scenarios:
+        raise MatrixError(f"{source}: every combination is excluded; nothing to run")
+    return scenarios
+
+
+def first_scenario(values: dict[str, Any], source: str = "<scenario>") -> Scenario:
+    """The first scenario of one file's values, validated with expand's checks of the file: a
+    quick check of a large matrix (each scenario's validation sizes its model)."""
+    axes, rules = _axes(values, source)
+    chosen = next(iter(_combinations(axes, rules)), None)
+    if chosen is None:
+        raise MatrixError(f"{source}: every combination is excluded; nothing to run")
+    return _scenario(chosen, axes, source, {})
+
+
+def _axes(values: dict[str, Any], source: str) -> tuple[dict[str, list], list[dict]]:
+    """A file's keys and exclude rules checked: its axes (every value of each field) and rules."""
     unknown = sorted(set(values) - set(FIELDS) - SPECIAL)
     if "search" in unknown:
         raise MatrixError(f"{source}: a search file (its [search] table); run it with `robustbn attack-search`")
     if unknown:
-        raise MatrixError(f"{source}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(FIELDS))}, "
-                          f"and 'description', 'exclude', 'search_path'")
+        import difflib
+
+        near = difflib.get_close_matches(unknown[0], [*FIELDS, *SPECIAL], n=1)
+        raise MatrixError(f"{source}: unknown key {unknown[0]!r}{f' (did you mean {near[0]!r}?)' if near else ''}; "
+                          f"allowed: {', '.join(sorted(FIELDS))}, and 'description', 'exclude', 'search_path'")
     rules = values.get("exclude", [])
     if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
         raise MatrixError(f"{source}: 'exclude' must be an array of tables ([[exclude]] blocks)")
@@ -160,21 +184,20 @@ def expand(values: dict[str, Any], source: str = "<scenario>") -> list[Scenario]
     for key, options in axes.items():
         if not options:
             raise MatrixError(f"{source}: key {key!r} is an empty list; give at least one value")
-    scenarios, on_disk = [], {}
-    for chosen in _combinations(axes, rules):
-        try:
-            sc = Scenario.from_dict(chosen)
-            _record_user_code(sc, on_disk)
-            scenarios.append(sc)
-        except ScenarioError as e:
-            where = ", ".join(f"{k}={v!r}" for k, v in chosen.items() if k in axes and len(axes[k]) > 1)
-            raise MatrixError(f"{source}: key {e.field!r}: {str(e).split(': ', 1)[1]}"
-                              + (f" (in the combination {where})" if where else "")) from None
-        except TypeError as e:
-            raise MatrixError(f"{source}: {e}") from None
-    if not scenarios:
-        raise MatrixError(f"{source}: every combination is excluded; nothing to run")
-    return scenarios
+    return axes, rules
+
+
+def _scenario(chosen: dict[str, Any], axes: dict[str, list], source: str, on_disk: dict) -> Scenario:
+    try:
+        sc = Scenario.from_dict(chosen)
+        _record_user_code(sc, on_disk)
+        return sc
+    except ScenarioError as e:
+        where = ", ".join(f"{k}={v!r}" for k, v in chosen.items() if k in axes and len(axes[k]) > 1)
+        raise MatrixError(f"{source}: key {e.field!r}: {str(e).split(': ', 1)[1]}"
+                          + (f" (in the combination {where})" if where else "")) from None
+    except TypeError as e:
+        raise MatrixError(f"{source}: {e}") from None
 
 
 def _check_rule_names(rule: dict[str, Any], source: str) -> None:

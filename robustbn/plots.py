@@ -49,6 +49,7 @@ from .worst import (  # noqa: E402
 
 KINDS = ("curves", "heterogeneity", "heatmap", "worst-case", "robustness", "map")
 ROBUSTNESS_X = ("gamma", "f", "alpha")  # the axes of a robustness curve
+X_PARTITION = {"gamma": "gamma", "alpha": "dirichlet"}  # an axis of heterogeneity means something under its partition
 LINE_COLORS = (*plt.get_cmap("tab10").colors, *plt.get_cmap("Dark2").colors)  # a color per defense, 18 apart
 # the pipeline of the attacked channels: "mean" (undefended) solid, each other a dash pattern
 DEFENSE_STYLES = ((0, (5, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)), (0, (2, 2)), (0, (8, 2, 1, 2, 1, 2)),
@@ -303,6 +304,12 @@ def robustness_lines(rows: list[dict[str, Any]], x: str, tuned: Iterable[str] = 
     if x not in ROBUSTNESS_X:
         raise ValueError(f"--x {x}: a robustness curve runs along one of {', '.join(ROBUSTNESS_X)}")
     tuned = tuple(tuned)
+    if x in X_PARTITION:
+        rows = [r for r in rows if r.get("partition", "gamma") == X_PARTITION[x]]
+        if not rows:
+            raise ValueError(f"--x {x}: no run has partition = {X_PARTITION[x]!r}, whose heterogeneity {x} sets")
+    if x in tuned:
+        raise ValueError(f"--x {x} --tuned {x}: a curve runs along {x}; its points cannot each be tuned on it")
     table = [t for t in worst_case(rows, tuned) if t.get(x) is not None]
     if not table:
         raise ValueError(f"no finished run has {x}: nothing to plot along it")
@@ -331,7 +338,12 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
     written beside it."""
     tuned = tuple(tuned)
     lines = robustness_lines(rows, x, tuned)
-    name = lambda t: t["defense"] + (f" ({t['server_data']})" if t.get("server_data") else "")
+    # a defense with a line per value of another setting (f along gamma, say): each line names it
+    points = [t for mine in lines.values() for pts in mine.values() for t in pts]
+    apart = [k for k in varying(points, set(RESULT) | {"norm", x, "worst_diverged", *tuned})
+             if k not in DEFENSE_FIELDS | {"defense", "server_data"}]
+    name = lambda t: t["defense"] + "".join(f" ({k}={text(t.get(k))})" for k in apart) + \
+        (f" ({t['server_data']})" if t.get("server_data") else "")
     names = sorted({name(pts[0]) for mine in lines.values() for pts in mine.values()}, key=lambda n: (n != "mean", n))
     seeds = {n: [t["seeds"] for mine in lines.values() for pts in mine.values() for t in pts
                  if name(t) == n and t["worst_acc"] is not None] for n in names}
@@ -357,9 +369,10 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
             clean = [t for t in pts if t["no_attack_acc"] is not None]
             ax.plot([t[x] for t in clean], [t["no_attack_acc"] for t in clean], color=color, linestyle="--",
                     linewidth=1.0, marker="o", markersize=4, markerfacecolor="none")  # a lone point shows too
-            for t in known if tuned else ():  # each point's own tuned values beside it
+            for t in known if tuned else ():  # each point's own tuned values beside it, a line's above the last's
                 ax.annotate(" ".join(f"{k} {t.get(k):g}" if isinstance(t.get(k), float) else f"{k} {t.get(k)}"
-                                     for k in tuned), (t[x], t["worst_acc"]), xytext=(4, 4),
+                                     for k in tuned), (t[x], t["worst_acc"]), xytext=(4, 4 + 7 * list(mine).index(
+                                         next(k for k, v in mine.items() if v is pts))),
                             textcoords="offset points", fontsize=6, color=color, gid="tuned")
             bad = [t for t in known if t["worst_diverged"]]
             if bad:
@@ -367,21 +380,37 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
                            zorder=5, gid="diverged")
         ax.set_title(norm_words(norm), fontsize=10)
         ax.set_xlabel(x)
+        ax.set_xticks(sorted({t[x] for pts in mine.values() for t in pts}))  # the points' values, never 1.2 of f
         ax.grid(alpha=0.3)
         ax.set_ylim(0, 1)
     axes[0][0].set_ylabel("worst-case test accuracy")
     handles = {n: handles[n] for n in names if n in handles}
     words = [f"{n} ({over(min(seeds[n]), max(seeds[n]))})" if seeds[n] else n for n in handles]
-    legend = [*handles.values(), plt.Line2D([], [], color="gray", linestyle="--", marker="o", markerfacecolor="none"),
-              plt.Line2D([], [], color="black", marker="x", linestyle="none")]
-    words += ["clean accuracy (no attack), the defense's color", "the worst attack's runs diverged (counted at chance)"]
-    fig.set_size_inches(fig.get_size_inches()[0], 4.8 + 0.2 * (len(words) + 1) // 2)
-    fig.legend(legend, words, fontsize=7, loc="outside lower center", ncols=2)
+    legend = list(handles.values())
+    if any(t["no_attack_acc"] is not None for t in points):
+        legend.append(plt.Line2D([], [], color="gray", linestyle="--", marker="o", markerfacecolor="none"))
+        words.append("clean accuracy (no attack), the defense's color")
+    if any(t["worst_diverged"] for t in points):
+        legend.append(plt.Line2D([], [], color="black", marker="x", linestyle="none"))
+        words.append("the worst attack's runs diverged (counted at chance)")
+    columns = 2 if max(map(len, words)) <= 6 * width else 1  # about 12 characters an inch at 7 points
+    words = [textwrap.fill(w, width=int(12 * width / columns) - 4) for w in words]
+    fig.set_size_inches(fig.get_size_inches()[0],
+                        4.8 + 0.2 * (sum(w.count("\n") + 1 for w in words) + 1) // columns)
+    fig.legend(legend, words, fontsize=7, loc="outside lower center", ncols=columns)
     caption = (f"worst case over the attacks run (catalogue and confirmed searched): mean over seeds, band: "
                f"{CLIPPED_WORDS}")
     caption = textwrap.fill(caption, width=int(15 * width))  # about 15 characters an inch at 9 points
     fig.suptitle(f"{title}\n{caption}" if title else caption, fontsize=9)
     return fig
+
+
+def _compact(defense: str) -> str:
+    """A defense's words as a map cell has room for: each channel named in a word."""
+    for long, short in ((" on the gradients", " (grad)"), (" on the mean and variance", " (BN)"),
+                        (" on the mean", " (BN mean)"), (" on the variance", " (BN var)")):
+        defense = defense.replace(long, short)
+    return defense
 
 
 def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title: str | None = None,
@@ -396,10 +425,12 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
     if not cells:
         raise ValueError(f"no attacked run has both {x} and {y}: nothing to map")
     norms = list(dict.fromkeys(c["norm"] for c in cells))
-    models = [False, True]  # root-free, then trusted server data: a column each, a protocol a row
+    # root-free, then trusted server data: a column each (where any protocol ran it), a protocol a row
+    models = [m for m in (False, True) if any((c["threat"] is not None) == m for c in cells)]
     xs = sorted({hashable(c[x]) for c in cells}, key=sort_key)
     ys = sorted({hashable(c[y]) for c in cells}, key=sort_key)
-    fig, axes = plt.subplots(len(norms), 2, figsize=(2 * (2.1 * len(xs) + 1.4) + 1.2, len(norms) * (1.1 * len(ys) + 0.9) + 1),
+    fig, axes = plt.subplots(len(norms), len(models), figsize=(len(models) * (2.1 * len(xs) + 1.4) + 1.2,
+                                                               len(norms) * (1.1 * len(ys) + 0.9) + 1),
                              squeeze=False, layout="constrained")
     im = None
     for ax, (norm, trusted) in zip(axes.flat, [(n, m) for n in norms for m in models]):
@@ -410,7 +441,8 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
             grid[i, j] = top = max(p["worst_acc"] for p in c["picks"])
             shown = c["picks"][:3]
             at = lambda p: "".join(f" {k} {p[k]}" for k in tuned)
-            words = [f"{p['defense'][:26]} {100 * p['worst_acc']:.0f}{at(p)}" for p in shown]
+            words = ["\n".join(textwrap.wrap(f"{_compact(p['defense'])} {100 * p['worst_acc']:.0f}%{at(p)}", 38,
+                                             max_lines=2, placeholder=" ...")) for p in shown]
             words += [f"+{len(c['picks']) - 3} more"] * (len(c["picks"]) > 3)
             head = {BEST: "use", TIED: f"{len(c['picks'])} tied", ONLY: "the only defense run"}.get(c["verdict"], c["verdict"])
             ax.text(j, i, "\n".join([head, *words]), ha="center", va="center", fontsize=7,
@@ -424,8 +456,8 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
         ax.set_title(f"{norm_words(norm)}, {'trusted server data' if trusted else 'root-free'}"
                      + ("" if here else ": no defense run"), fontsize=9)
     fig.colorbar(im, ax=list(axes.flat), label="the best worst-case accuracy")
-    caption = ("per cell: the best defense (use), or every one tied for best, paired over seeds; worst-case "
-               "accuracy (%) over the attacks run")
+    caption = textwrap.fill("per cell: the best defense (use), or every one tied for best, paired over seeds; "
+                            "worst-case accuracy (%) over the attacks run", width=int(15 * fig.get_size_inches()[0]))
     fig.suptitle(f"{title}\n{caption}" if title else caption, fontsize=9)
     return fig
 

@@ -78,6 +78,16 @@ def is_search_file(source: Any) -> bool:
         return path.name.startswith("search_")
 
 
+def unreported(source: Any) -> bool:
+    """Whether a run is one no report reads unless asked by its file: an attack search's trial
+    or a tuning run (robustbn tune), both on seeds picked to be kept out of reports."""
+    from .tune import is_tuning_file
+
+    if not str(source or "").endswith(".toml"):  # an imported CSV, say: no file of either kind
+        return False
+    return is_search_file(source) or is_tuning_file(source)
+
+
 def default_matrices(root: str | Path = ".") -> list[str]:
     """The catalogue's matrix, the clean runs and every confirmation file of an attack search
     (`scenarios/searched_worst_*.toml`), those of them that exist under `root`."""
@@ -90,7 +100,7 @@ def default_matrices(root: str | Path = ".") -> list[str]:
 @dataclass
 class Board:
     """The leaderboard: `rows` (dicts with KEYS, EXTRA_KEYS and `runs`), the recommendations (per
-    protocol and threat model: `recommendations`, dicts with norm, threat, pick and text;
+    protocol, threat model and setting: `recommendations`, dicts with norm, threat, setting, pick and text;
     `lines`, their texts), the protocols left out with the reason, and the setting the rows share (`setup`:
     field -> its values)."""
 
@@ -125,7 +135,7 @@ def leaderboard(rows: list[dict[str, Any]], gamma: float = 0.0) -> Board:
     values = defaultdict(set)
     for t in table:
         for k in keys:
-            if t.get("f") and k not in DEFENSE_FIELDS | {"norm", "f", "gamma", "defense", "server_data"}:
+            if t.get("f") and k not in DEFENSE_FIELDS | {"norm", "gamma", "defense", "server_data"}:
                 values[t["norm"], t["defense"], k].add(hashable(t.get(k)))
     apart = sorted({k for (_, _, k), v in values.items() if len(v) > 1}, key=keys.index)
     out = []
@@ -144,8 +154,9 @@ def leaderboard(rows: list[dict[str, Any]], gamma: float = 0.0) -> Board:
                  "acc": accuracy(r)[0], "diverged": accuracy(r)[1], "source": r.get("source"),
                  "worst": is_attack(r) and attack_words(r) == t["worst_attack"]} for r in runs]
         searched = sorted({str(r["source"]) for r in runs if SEARCHED_PREFIX in str(r.get("source") or "")})
-        defense = t["defense"] + (f" ({', '.join(f'{k}={text(t.get(k))}' for k in apart)})" if apart else "")
-        out.append({"norm": t["norm"], "defense": defense, "clean_acc": clean[0], "worst_acc": t["worst_acc"],
+        setting = ", ".join(f"{k}={text(t.get(k))}" for k in apart)
+        out.append({"norm": t["norm"], "defense": t["defense"] + (f" ({setting})" if apart else ""), "setting": setting,
+                    "clean_acc": clean[0], "worst_acc": t["worst_acc"],
                     "ci_low": t["ci_low"], "ci_high": t["ci_high"], "seeds": t["seeds"],
                     "worst_attack": t["worst_attack"], "verdict": t["verdict"], "server_data": t["server_data"],
                     "searched": ", ".join(searched) or None, "attacks_run": t["attacks"],
@@ -162,9 +173,13 @@ def leaderboard(rows: list[dict[str, Any]], gamma: float = 0.0) -> Board:
     # within a protocol, the highest worst case first (the page's default order)
     out.sort(key=lambda r: (norm_order(r["norm"]), r["worst_acc"] is None, -(r["worst_acc"] or 0.0), r["defense"]))
     norms = sorted({r["norm"] for r in out}, key=norm_order)
-    mine = lambda norm, model: [r for r in out if r["norm"] == norm and threat(r) == model]
-    picks = [{"norm": norm, "threat": model, "pick": pick(mine(norm, model)),
-              "text": recommendation(norm, mine(norm, model), model)} for norm in norms for model in (ROOT_FREE, TRUSTED)]
+    # a pick compares the defenses of one setting (its verdicts do): one per protocol, threat model and setting
+    settings = list(dict.fromkeys(r["setting"] for r in out))
+    mine = lambda norm, model, at: [r for r in out if r["norm"] == norm and threat(r) == model and r["setting"] == at]
+    picks = [{"norm": norm, "threat": model, "setting": at, "pick": pick(mine(norm, model, at)),
+              "text": recommendation(norm, mine(norm, model, at), model, at)}
+             for norm in norms for at in settings if any(r["norm"] == norm and r["setting"] == at for r in out)
+             for model in (ROOT_FREE, TRUSTED)]
     setup = {k: sorted({hashable(r.get(k)) for r in rows if r.get("f")}, key=str) for k in SETUP_FIELDS}
     return Board(out, picks, [(p, reason) for p, reason in ABSENT.items() if p not in norms], gamma, setup)
 
@@ -209,13 +224,16 @@ def pick(rows: list[dict[str, Any]]) -> str:
         unsure = "; ".join(f"{r['defense']}: {r['verdict']}" for r in few)
         return (f"no single pick, {len(tied) + 1} tied for best: " + "; ".join(known(r) for r in [best, *tied])
                 + (f" (not yet compared: {unsure})" if unsure else ""))
+    if best["verdict"] is None:  # nothing it was compared with (another setting, or an lr of its own)
+        return f"the highest worst case is {known(best)}; not compared with the others (not one setting)"
     return f"the highest worst case is {known(best)}; {best['verdict']}"
 
 
-def recommendation(norm: str, rows: list[dict[str, Any]], model: str = ROOT_FREE) -> str:
-    """"with X, root-free: <pick>" (`pick`), the trusted data named for the other model."""
+def recommendation(norm: str, rows: list[dict[str, Any]], model: str = ROOT_FREE, setting: str = "") -> str:
+    """"with X, root-free: <pick>" (`pick`), the trusted data named for the other model, and the
+    setting where the board holds several ("with X at f=1, root-free: ...")."""
     data = f" ({rows[0]['server_data']})" if model == TRUSTED and rows else ""
-    return f"with {norm_words(norm)}, {model}{data}: {pick(rows)}"
+    return f"with {norm_words(norm)}{f' at {setting}' if setting else ''}, {model}{data}: {pick(rows)}"
 
 
 def clean_text(r: dict[str, Any]) -> str:
@@ -429,10 +447,10 @@ def setup_html(board: Board) -> str:
 
 def recommendations_html(board: Board) -> str:
     e = html.escape
-    norms = list(dict.fromkeys(r["norm"] for r in board.recommendations))
-    text = {(r["norm"], r["threat"]): r["pick"] for r in board.recommendations}
-    body = "".join(f'<tr><th scope="row">{e(norm_words(n))}</th><td>{e(text[n, ROOT_FREE])}</td>'
-                   f"<td>{e(text[n, TRUSTED])}</td></tr>" for n in norms)
+    heads = list(dict.fromkeys((r["norm"], r.get("setting", "")) for r in board.recommendations))
+    text = {(r["norm"], r.get("setting", ""), r["threat"]): r["pick"] for r in board.recommendations}
+    body = "".join(f'<tr><th scope="row">{e(norm_words(n) + (f" at {at}" if at else ""))}</th>'
+                   f"<td>{e(text[n, at, ROOT_FREE])}</td><td>{e(text[n, at, TRUSTED])}</td></tr>" for n, at in heads)
     return (f'<div class="scroll"><table id="recommendations"><caption>Per protocol and threat model: the pick where '
             f'the paired verdict supports one, else every tied defense</caption><thead><tr><th scope="col">protocol'
             f'</th><th scope="col">{ROOT_FREE}</th><th scope="col">{TRUSTED}</th></tr></thead><tbody>{body}</tbody>'

@@ -187,7 +187,8 @@ def load(path: str | Path, overrides: list[str] = (), on: str | Path | None = No
     """(the file's scenario values, the attack space), every value checked: a SearchError (or
     MatrixError) names the file, the key and what is allowed. `on`: a matrix file of one
     defense at one setting (a tuned file of robustbn tune) whose fields replace the search
-    file's, its attacks and seeds aside: the search file then gives only the [search] space.
+    file's, its attacks and seeds aside: the search file then gives the [search] space and the
+    attacks it fixes; a channel neither searches nor fixes keeps MATRIX's attack where it has one.
     `sampler_seed` replaces [search] seed."""
     values = read(path, overrides)
     src = str(path)
@@ -196,8 +197,15 @@ def load(path: str | Path, overrides: list[str] = (), on: str | Path | None = No
         defense, on_seeds = defense_of(on)
         # user modules: where either file looks for them, MATRIX's own folder included
         dirs = [*values.get("search_path", []), *defense.pop("search_path", []), str(Path(on).resolve().parent)]
-        values = {**{k: v for k, v in values.items() if k not in FIELDS and k != "search_path"}, **defense,
-                  "search_path": list(dict.fromkeys(dirs))}
+        # a channel neither [search] nor the search file sets keeps MATRIX's attack where it has one
+        from .worst import ATTACK_KEYS
+
+        own = {k: v for k, v in values.items() if k in ATTACK_KEYS}
+        searched = values.get("search") if isinstance(values.get("search"), dict) else {}
+        mine = {c for c in CHANNELS if f"{c}_attack" in own or (c != "grad" and "bn_attack" in own) or c in searched}
+        kept = {k: v for k, v in _single_attacks(read(on)).items() if k.split("_attack")[0] not in mine}
+        values = {**{k: v for k, v in values.items() if k not in FIELDS and k != "search_path"}, **own, **kept,
+                  **defense, "search_path": list(dict.fromkeys(dirs))}
         for text in overrides:  # --set still has the last word
             key, value = parse_override(text)
             values[key] = value
@@ -226,6 +234,20 @@ def load(path: str | Path, overrides: list[str] = (), on: str | Path | None = No
                           f"{on_seeds}; a search runs on seeds held out from those it is confirmed on")
     _check_corners(values, space, src)
     return values, space
+
+
+def _single_attacks(values: dict[str, Any]) -> dict[str, Any]:
+    """The attack (name, and parameters where given) of each channel a file holds one of:
+    `<channel>_attack[_params]`, or `bn_attack[_params]` for both BN channels."""
+    out = {}
+    for c in CHANNELS:
+        key = next((k for k in (f"{c}_attack", *(["bn_attack"] if c != "grad" else [])) if k in values), None)
+        if key is None or len(names := alternatives(key, values[key])) != 1:
+            continue
+        out[f"{c}_attack"] = names[0]
+        if f"{key}_params" in values and len(params := alternatives(f"{key}_params", values[f"{key}_params"])) == 1:
+            out[f"{c}_attack_params"] = params[0]
+    return out
 
 
 def defense_of(path: str | Path) -> tuple[dict[str, Any], list[int]]:

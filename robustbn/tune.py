@@ -35,6 +35,7 @@ from .stats import by_seed, scenario_fields
 from .worst import ATTACK_FIELDS, ATTACK_KEYS, DEFENSE_FIELDS, RESULT, worst_case
 
 TUNING_SEEDS = [10, 11]
+TUNING_WORDS = "robustbn tune: "  # how a tuning file's description begins: its runs are no report's
 REPORT_SEEDS = [0, 1, 2, 3, 4]
 # the fields of a defense's row that are not its identity (results, and the raw worst attack)
 _NOT_IDENTITY = set(RESULT) | {"seed"}
@@ -161,6 +162,20 @@ def slug(choice: dict[str, Any], values: dict[str, Any] | None = None) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", f"{choice['norm']} {choice['defense']} {point}").strip("_").lower()[:120]
 
 
+def is_tuning_file(source: Any) -> bool:
+    """Whether a run came from a tuning file that `robustbn tune` wrote (its runs are on tuning
+    seeds, which no report uses): its description says so, or, the file gone, it was named
+    tune_*.toml."""
+    if not source:
+        return False
+    path = Path(str(source))
+    try:
+        import tomllib
+        return str(tomllib.loads(path.read_text(encoding="utf-8")).get("description", "")).startswith(TUNING_WORDS)
+    except (OSError, ValueError):
+        return path.name.startswith("tune_")
+
+
 def check_matrix(path: str | Path) -> dict[str, Any]:
     values = read(path)
     if "search" in values:
@@ -182,8 +197,9 @@ def expand_grid(tuning: Path, grid: dict[str, list[Any]]) -> tuple[dict[str, Any
         except MatrixError as e:
             if not any(f"key {k!r}" in str(e) for k in point):
                 raise
-            raise TuneError(f"--grid {words(point)}: {e}; tune a parameter one defense at a time (--set "
-                            f"grad_agg=... first) where the matrix's defenses do not all take it") from None
+            advice = ("; tune a parameter one defense at a time (--set grad_agg=... first) where the matrix's "
+                      "defenses do not all take it") if any(k.endswith("_params") for k in point) else ""
+            raise TuneError(f"--grid {words(point)}: {e}{advice}") from None
         for sc in expanded:
             h = scenario_hash(sc.to_dict())
             if point_of.setdefault(h, i) != i:

@@ -190,6 +190,7 @@ seed = [0, 1]
 BROKEN_RULES = '''
 import torch
 import aggregators
+import attacks
 
 
 class NaNOut(aggregators.Rule):
@@ -206,6 +207,14 @@ class TwoValues(aggregators.Rule):
 
     def apply(self, x):
         return x[:, :2].mean(0)
+
+
+class OneMessage(attacks.Attack):
+    """A bug that returns one message for all f: the error names the attack and the shape."""
+    name = "one-message"
+
+    def forge(self, honest, f):
+        return -honest.mean(0)
 '''
 
 
@@ -236,6 +245,10 @@ seed = 0
         assert run(file, "--db", db, "--set", f'grad_agg="nnm+{module}:TwoValues"') == 1
     err = capsys.readouterr().err
     assert "nnm+two-values: aggregator 'two-values' returned (2,)" in err and "returns one (" in err
+    with torch_threads(1):
+        assert run(file, "--db", db, "--set", f'grad_attack="{module}:OneMessage"', "--set", 'grad_agg="median"') == 1
+    err = capsys.readouterr().err
+    assert "attack 'one-message' returned (" in err and "a tensor of shape (f, d) = (1, " in err
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(

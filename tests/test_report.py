@@ -467,3 +467,22 @@ def test_rows_of_other_settings_are_rows_of_their_own_named_by_what_differs(tmp_
     store.close()
     got = {r["defense"]: round(r["worst_acc"], 6) for r in board.rows}
     assert got == {"mean (n=10)": 0.32, "mean (n=12)": 0.62}
+
+
+def test_a_board_of_several_f_names_each_row_s_f_and_picks_within_each(tmp_path):
+    """f = 1 and f = 2 in one store: each row says its f, and each pick compares the defenses of
+    one f only (a tie across two f values would compare settings, not defenses)."""
+    store = Store(tmp_path / "s.sqlite")
+    for f, accs in ((1, {"mean": 0.7, "trmean": 0.3}), (2, {"mean": 0.2, "trmean": 0.5})):
+        for name, acc in accs.items():
+            for seed in range(5):
+                run(store, acc + 0.01 * seed, f=f, seed=seed, **DEFENSES[name], **CATALOGUE["sf-mean"])
+    board = leaderboard(store.rows())
+    store.close()
+    trmean = "mean on the gradients, trmean on the mean and variance"
+    assert {r["defense"] for r in board.rows} == {"mean (f=1)", f"{trmean} (f=1)", "mean (f=2)", f"{trmean} (f=2)"}
+    root_free = {r["setting"]: r["text"] for r in board.recommendations if r["threat"] == "root-free"}
+    assert set(root_free) == {"f=1", "f=2"}
+    assert root_free["f=1"].startswith("with FBN at f=1, root-free: use mean (")
+    assert root_free["f=2"].startswith(f"with FBN at f=2, root-free: use {trmean} (")
+    assert "None" not in " ".join(board.lines)

@@ -446,3 +446,78 @@ def test_bad_first_gets_one_line(matrix, tmp_path, capsys, args, words):
     code = main(["tune", str(matrix), "--grid", "lr=[0.0001,0.1]", "--db", str(tmp_path / "t.sqlite"), "--plan",
                  *args])
     one_line_error(capsys, code, *words)
+
+
+def test_tuning_runs_and_search_trials_stay_out_of_what_the_tuned_and_confirmed_files_report(tmp_path, capsys):
+    """A tuned file's cell at its lr is its tuning's cell on other seeds (here eval_every = rounds,
+    as a tuning sets it), and a confirmation's cell its search trial's: --matrix FILE reads the
+    file's seeds 0-4, not the tuning's 10 and 11 nor the trial's, which chose what they report;
+    the report leaves them out; the store's own views keep them and say so."""
+    db = str(tmp_path / "t.sqlite")
+    matrix = tmp_path / "m.toml"
+    matrix.write_text(toml_text({**MATRIX, "grad_agg": "median", "grad_attack": "alie", "eval_every": 8}))
+    out = tmp_path / "tuned"
+    assert main(["tune", str(matrix), "--grid", "lr=[0.0001,0.1]", "--db", db, "--out", str(out), "--quiet"]) == 0
+    (tuned,) = [str(p) for p in out.glob("tuned_*.toml")]
+    space = tmp_path / "space.toml"
+    space.write_text('norm = "naive"\ngrad_agg = "mean"\n[search]\ntrials = 1\nseed = 0\nseeds = [20]\n'
+                     '[search.grad]\nattacks = ["scale"]\n[search.grad.scale]\nfactor = -1e4\n')
+    confirm = out / "searched_worst_median.toml"
+    assert main(["attack-search", str(space), "--on", tuned, "--db", db, "--quiet", "--confirm", str(confirm)]) == 0
+    assert main(["run", tuned, str(confirm), "--db", db, "--quiet"]) == 0
+    capsys.readouterr()
+    # the channels the search left alone keep the tuned file's attack (honest), not the search file's default
+    spelled = [expand_channels(sc.to_dict()) for sc in expand(read(confirm), str(confirm))]
+    assert {(d["grad_attack"], d["bn_mean_attack"], d["bn_var_attack"]) for d in spelled} == \
+        {("scale", "honest", "honest")}
+
+    def worst(*args):
+        assert main(["results", "--worst-case", "--tuned", "lr", "--db", db, "--format", "json", *args]) == 0
+        got = capsys.readouterr()
+        return {(r["grad_attack"] if "grad_attack" in r else r["worst_grad_attack"]): r for r in json.loads(got.out)
+                if r["f"]}, got.err
+
+    for files in ([tuned], [confirm], [tuned, confirm]):
+        rows, _ = worst(*[a for f in files for a in ("--matrix", str(f))])
+        assert rows and all(r["seeds"] == 5 for r in rows.values())
+    assert worst("--matrix", str(out / "tuned_*.toml"), "--matrix", str(out / "searched_*.toml"))[0] == rows
+    rows, err = worst()
+    assert "are an attack search's trials or a tuning's runs" in err
+    assert main(["report", "--db", db, "--format", "json", "--gamma", "1"]) == 0
+    board = json.loads(capsys.readouterr().out)
+    assert board and all(r["seeds"] == 5 for r in board)
+
+
+@pytest.mark.parametrize("matrix_values, grid, words, absent", [
+    ({"gama": 0.5}, "lr=[0.1,0.2]", ["m.toml: unknown key 'gama' (did you mean 'gamma'?)"], "tune_m.toml"),
+    ({}, "lr=[-0.1,0.1]", ["--grid lr=-0.1: ", "m.toml: key 'lr': must be a number in (0, inf)"],
+     "one defense at a time"),
+    ({}, "momentum=[0.0,1.5]", ["--grid momentum=1.5: ", "m.toml: key 'momentum'"], "tune_m.toml"),
+])
+def test_a_bad_matrix_or_grid_value_names_the_user_s_file_and_writes_nothing(tmp_path, capsys, matrix_values, grid,
+                                                                               words, absent):
+    path = tmp_path / "m.toml"
+    path.write_text(toml_text({**MATRIX, **matrix_values}))
+    out = tmp_path / "out"
+    line = one_line_error(capsys, main(["tune", str(path), "--grid", grid, "--db", str(tmp_path / "t.sqlite"),
+                                        "--out", str(out)]), *words)
+    assert absent not in line and not out.exists()
+
+
+def test_a_search_on_a_tuned_file_keeps_the_attacks_the_search_file_fixes(tmp_path):
+    """--on MATRIX: the search file's own attack fields win over MATRIX's; a channel neither
+    sets nor searches keeps MATRIX's one attack; MATRIX's varied attacks are no part of it."""
+    from robustbn.search import load
+
+    tuned = tmp_path / "tuned.toml"
+    tuned.write_text(toml_text({**MATRIX, "grad_agg": "median", "grad_attack": ["alie", "ipm"], "bn_mean_attack": "sf",
+                                "bn_var_attack": "honest", "seed": [0, 1, 2, 3, 4]}))
+    space = ('[search]\ntrials = 1\nseeds = [20]\n[search.grad]\nattacks = ["scale"]\n'
+             '[search.grad.scale]\nfactor = -1.0\n')
+    plain, fixed = tmp_path / "plain.toml", tmp_path / "fixed.toml"
+    plain.write_text(space)
+    fixed.write_text('bn_var_attack = "none"\n' + space)
+    values, _ = load(plain, on=tuned)
+    assert (values.get("grad_attack"), values["bn_mean_attack"], values["bn_var_attack"]) == (None, "sf", "honest")
+    values, _ = load(fixed, on=tuned)
+    assert (values["bn_mean_attack"], values["bn_var_attack"]) == ("sf", "none")

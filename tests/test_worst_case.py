@@ -508,7 +508,9 @@ def test_the_map_names_the_best_or_the_tied_set_per_cell_by_the_paired_rule(tmp_
     fig = figure(rows, "map", x="gamma", y="f")
     fbn = next(a for a in fig.axes if a.get_title() == "FBN, root-free")
     texts = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in fbn.texts}
-    assert texts[(1, 0)].startswith("use\n" + ROBUST_DEFENSE[:26])  # f = 3 (row 1), gamma 0 (column 0)
+    # f = 3 (row 1), gamma 0 (column 0): the defense, each channel in a word, its worst case in %
+    top = 100 * cells[("fbn", 3, 0.0)]["picks"][0]["worst_acc"]
+    assert texts[(1, 0)] == f"use\nmean (grad), nnm+median (BN) {top:.0f}%"
     assert texts[(1, 1)].startswith("2 tied\n") and texts[(0, 1)].startswith("2 seeds, no verdict\n")
     capsys.readouterr()
     assert main(["plot", "map", "--x", "f", "--y", "f", "--db", str(tmp_path / "m.sqlite"),
@@ -556,3 +558,28 @@ def test_tuned_fields_belong_to_the_defense_in_verdicts_curves_and_the_map(tmp_p
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and words in err
+
+
+def test_a_curve_per_value_of_another_setting_is_named_by_it_and_an_axis_needs_its_partition(tmp_path):
+    """Along gamma with f = 1 and f = 3 in the store: a defense draws a line per f, each in its
+    own color with its f in the legend, never two alike; --x alpha on gamma-partitioned runs and
+    --tuned on the axis itself are refused."""
+    from robustbn.plots import robustness_figure
+
+    with Store(tmp_path / "r.sqlite") as store:
+        for seed in (0, 1):
+            for f in (1, 3):
+                for gamma in (0.0, 1.0):
+                    add(store, 0.5 - 0.1 * f + 0.2 * gamma + 0.01 * seed, norm="fbn", f=f, seed=seed, gamma=gamma,
+                        **DEFENSES["mean"], **ATTACKS["sf-mean"])
+        rows = store.rows()
+    fig = robustness_figure(rows, "gamma")
+    words = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert [w for w in words if w.startswith(MEAN_DEFENSE)] == [f"{MEAN_DEFENSE} (f=1) (95% CI over 2 seeds)",
+                                                                f"{MEAN_DEFENSE} (f=3) (95% CI over 2 seeds)"]
+    solid = [ln for ln in fig.axes[0].get_lines() if ln.get_linestyle() == "-"]
+    assert len(solid) == 2 and solid[0].get_color() != solid[1].get_color()
+    with pytest.raises(ValueError, match="partition = 'dirichlet'"):
+        robustness_figure(rows, "alpha")
+    with pytest.raises(ValueError, match="--tuned gamma"):
+        robustness_figure(rows, "gamma", tuned=("gamma",))

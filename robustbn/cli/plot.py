@@ -1,4 +1,4 @@
-"""`robustbn plot KIND`: curves, heterogeneity, heatmap or worst-case figures of the results
+"""`robustbn plot KIND`: curves, heterogeneity, heatmap, worst-case, robustness or map figures of the results
 store (robustbn.plots)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from .results import add_matrix_option, selected_rows
 
 
 def register(sub) -> None:
-    p = sub.add_parser("plot", help="plot results: curves, heterogeneity, heatmap, worst-case", formatter_class=RAW,
+    p = sub.add_parser("plot", help="plot results: curves, heterogeneity, heatmap, worst-case, robustness, map",
+                       formatter_class=RAW,
                        description="curves: accuracy vs round, one line per combination of the fields that vary "
                                    "(seed 002, Figure 4); heterogeneity: final accuracy vs --x (Figure 3a); heatmap: "
                                    "attack x defense final accuracy, one panel per norm mode. Seeds are pooled: the "
@@ -66,7 +67,7 @@ def cmd_plot(args) -> int:
                          f"{', '.join(ROBUSTNESS_X)}")
     check_tuned(args.tuned, args.kind in ("robustness", "map"), "robustness and map plots")
     with Store(args.db, readonly=True) as store:
-        rows = selected_rows(store, args.where, matrices=args.matrix)
+        rows = selected_rows(store, args.where, matrices=args.matrix, note=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     try:
         plot(rows, args.kind, args.out, args.title, args.x, args.y, args.tuned)

@@ -53,7 +53,7 @@ def register(sub) -> None:
 def cmd_report(args) -> int:
     import json
 
-    from ..report import is_search_file, leaderboard, markdown, rows_json, write_page
+    from ..report import leaderboard, markdown, rows_json, write_page
     from ..store import FINISHED, Store, strict_json
     from .results import selected_rows
 
@@ -62,11 +62,10 @@ def cmd_report(args) -> int:
     if not math.isfinite(args.gamma):
         raise UsageError(f"--gamma {args.gamma}: a finite number, e.g. 0.0")
     with Store(args.db, readonly=True) as store:
-        rows = selected_rows(store, args.where, FINISHED, args.matrix)
-        if not args.matrix:  # the store alone: its runs, each from its own file, an attack search's trials aside
+        rows = selected_rows(store, args.where, FINISHED, args.matrix, unreported_out=True)
+        if not args.matrix:  # the store alone: its runs, each from its own file (selected_rows: no trials)
             source = dict(store.db.execute("SELECT hash, source FROM runs"))
             rows = [{**r, "source": source.get(r["hash"]) or None} for r in rows]
-            rows = [r for r in rows if not is_search_file(r["source"])]
     board = leaderboard(rows, args.gamma)
     if not board.rows:
         of = f" of {', '.join(args.matrix)}" if args.matrix else ""

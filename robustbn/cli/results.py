@@ -7,8 +7,9 @@ from .common import (DEFAULT_DB, RAW, WHERE_HELP, UsageError, channel_columns, c
                      matching_rows, parse_where, text_table)
 
 MATRICES_HELP = ("keep only the runs of this scenario or matrix file, at any seed, on any device and by either "
-                 "engine (e.g. the matrix's worst case without an attack search's trials that share its "
-                 "settings); repeatable: the runs of any of the files, each with the file it came from. The runs "
+                 "engine (an attack search's trials and a tuning's runs that share its settings left out, unless "
+                 "their own file is a --matrix too); repeatable, and a quoted pattern ('tuned/tuned_*.toml') names "
+                 "every file it matches: the runs of any of the files, each with the file it came from. The runs "
                  "of an attack search's confirmation file (searched_worst_*.toml) are searched attacks: "
                  "--worst-case takes the lower of the catalogue's worst and theirs, and says which file it came from")
 
@@ -17,13 +18,36 @@ def add_matrix_option(p) -> None:
     p.add_argument("--matrix", metavar="FILE", action="append", default=[], help=MATRICES_HELP)
 
 
-def selected_rows(store, where: list[str], status=None, matrices: list[str] = ()) -> list[dict]:
+def selected_rows(store, where: list[str], status=None, matrices: list[str] = (), unreported_out: bool | None = None,
+                  note: bool = False) -> list[dict]:
     """The store's runs that every `--where` keeps; with `--matrix FILE ...` only the runs of
-    those files, each with `source`, its file (robustbn.worst.matrix_rows)."""
+    those files, each with `source`, its file (robustbn.worst.matrix_rows). `unreported_out`
+    (default: with --matrix): an attack search's trials and a tuning's runs
+    (robustbn.report.unreported) left out, unless their own file is a --matrix (a confirmation
+    file's settings are its search's, and a tuned file's its tuning's, on other seeds); `note`:
+    where they stay in, say so on stderr."""
+    import glob
+    import sys
+    from pathlib import Path
+
     from ..matrix import MatrixError
+    from ..report import unreported
     from ..worst import matrix_rows
 
+    # a quoted pattern (--matrix 'tuned/tuned_*.toml') names every file it matches
+    matrices = [p for m in matrices for p in ((sorted(glob.glob(m)) or [m]) if glob.has_magic(m) else [m])]
+    if unreported_out is None:
+        unreported_out = bool(matrices)
+    asked = {Path(m).resolve() for m in matrices}
+    sources = {s for (s,) in store.db.execute("SELECT DISTINCT source FROM runs") if s}
+    theirs = {s for s in sources if Path(s).resolve() not in asked and unreported(s)}
+    recorded = dict(store.db.execute("SELECT hash, source FROM runs")) if theirs else {}
     rows = matching_rows(store, where, status)
+    if unreported_out:
+        rows = [r for r in rows if recorded.get(r["hash"]) not in theirs]
+    elif note and (n := sum(recorded.get(r["hash"]) in theirs for r in rows)):
+        print(f"note: {n} of these {len(rows)} runs are an attack search's trials or a tuning's runs (seeds no "
+              f"report uses); --matrix FILE keeps the runs of your files only", file=sys.stderr)
     try:
         return matrix_rows(matrices, rows) if matrices else rows
     except MatrixError as e:
@@ -87,7 +111,7 @@ def cmd_results(args) -> int:
     check_tuned(args.tuned, args.worst_case, "--worst-case")
     compared = _compared(args.compare) if args.compare else None
     with Store(args.db, readonly=True) as store:
-        rows = selected_rows(store, args.where, FINISHED if views else args.status, args.matrix)
+        rows = selected_rows(store, args.where, FINISHED if views else args.status, args.matrix, note=bool(views))
     if args.worst_case:
         return _print_worst_case(rows, args.format, args.tuned)
     rows = [{k: v for k, v in r.items() if k != "source"} for r in rows]  # the file: a worst case's column only

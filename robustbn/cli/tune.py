@@ -96,6 +96,19 @@ def _pruned(plan, by_hash: dict, store, source: str, args, after_wave, rank: dic
             time.sleep(30)  # another process shares the store and holds this wave's runs
 
 
+def _check_quickly(values: dict, points: list[dict], matrix: str) -> None:
+    """MATRIX's keys and values, and each grid point's, checked on a first scenario before
+    anything is written: errors name MATRIX (the tuning file checks every scenario later)."""
+    from ..matrix import MatrixError, first_scenario
+
+    first_scenario(values, matrix)
+    for point in points:
+        try:
+            first_scenario({**values, **point}, matrix)
+        except MatrixError as e:
+            raise UsageError(f"--grid {', '.join(f'{k}={v!r}' for k, v in point.items())}: {e}") from None
+
+
 def _first_groups(plan, rank: dict, wanted) -> str:
     """How many defenses (each at each point of the setting) --first puts in each group, in order."""
     wanted = wanted if isinstance(wanted, list) else [wanted]
@@ -162,8 +175,8 @@ def cmd_tune(args) -> int:
     from ..execute import pending, run_matrix
     from ..matrix import carried_search_path, parse_override
     from ..store import FINISHED, Store, strict_json
-    from ..tune import (REPORT_SEEDS, TUNING_SEEDS, Tuning, check_matrix, expand_grid, first_ranks, grid_points,
-                        setting_fields, varies)
+    from ..tune import (REPORT_SEEDS, TUNING_SEEDS, TUNING_WORDS, Tuning, check_matrix, expand_grid, first_ranks,
+                        grid_points, setting_fields, varies)
 
     if not 1 <= args.jobs <= 512:
         raise UsageError(f"--jobs must be between 1 and 512, got {args.jobs}")
@@ -186,6 +199,7 @@ def cmd_tune(args) -> int:
     if clash:
         raise UsageError(f"--grid {clash[0]}: {args.matrix} already varies it ({values[clash[0]]!r}); tune a field "
                          f"it holds one value of (or --set {clash[0]}=... first)")
+    _check_quickly(values, points, args.matrix)
     _milestones_note(args.matrix, values, grid)
     out = Path(args.out) if args.out else Path(args.db).parent / "tune" / Path(args.matrix).stem
     out.mkdir(parents=True, exist_ok=True)
@@ -197,7 +211,7 @@ def cmd_tune(args) -> int:
         # on the whole test set, so an eval_subset would change nothing but the runs' hashes
         tuning_values["eval_every"] = values["rounds"]
         tuning_values.pop("eval_subset", None)
-    tuning_values["description"] = (f"robustbn tune: {args.matrix} at every point of the grid "
+    tuning_values["description"] = (f"{TUNING_WORDS}{args.matrix} at every point of the grid "
                                     f"({', '.join(f'{k} = {v}' for k, v in grid.items())}) on the tuning seeds "
                                     f"{', '.join(map(str, seeds))}")
     text = toml_text(tuning_values)
