@@ -164,16 +164,16 @@ def slug(choice: dict[str, Any], values: dict[str, Any] | None = None) -> str:
 
 def is_tuning_file(source: Any) -> bool:
     """Whether a run came from a tuning file that `robustbn tune` wrote (its runs are on tuning
-    seeds, which no report uses): its description says so, or, the file gone, it was named
-    tune_*.toml."""
-    if not source:
+    seeds, which no report uses): named tune_<matrix>.toml (its tuned files are tuned_*.toml,
+    whose runs are reported), with the description tune writes, or gone."""
+    if not source or not Path(str(source)).name.startswith("tune_"):
         return False
-    path = Path(str(source))
     try:
         import tomllib
-        return str(tomllib.loads(path.read_text(encoding="utf-8")).get("description", "")).startswith(TUNING_WORDS)
+        text = Path(str(source)).read_text(encoding="utf-8")
+        return str(tomllib.loads(text).get("description", "")).startswith(TUNING_WORDS)
     except (OSError, ValueError):
-        return path.name.startswith("tune_")
+        return True
 
 
 def check_matrix(path: str | Path) -> dict[str, Any]:

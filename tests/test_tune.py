@@ -484,8 +484,10 @@ def test_tuning_runs_and_search_trials_stay_out_of_what_the_tuned_and_confirmed_
     rows, err = worst()
     assert "are an attack search's trials or a tuning's runs" in err
     assert main(["report", "--db", db, "--format", "json", "--gamma", "1"]) == 0
-    board = json.loads(capsys.readouterr().out)
-    assert board and all(r["seeds"] == 5 for r in board)
+    (row,) = json.loads(capsys.readouterr().out)  # the tuned file's attack and the confirmed one, on seeds 0-4
+    assert row["seeds"] == 5 and row["attacks_run"] == 2
+    from robustbn.tune import is_tuning_file
+    assert is_tuning_file(out / "tune_m.toml") and not is_tuning_file(tuned) and not is_tuning_file(confirm)
 
 
 @pytest.mark.parametrize("matrix_values, grid, words, absent", [
