@@ -1174,7 +1174,17 @@ def toy_table() -> None:
 
 # ---- time --------------------------------------------------------------------------------------
 
+@cache
+def curve_hashes() -> frozenset:
+    """The robustness curves' runs: the tuning's (seeds 10, 11) and the tuned and confirmation
+    files' (seeds 0-4), finished or not: no other section's accounting counts them."""
+    files = (tuning_file(), *tuned_files(), *curve_confirmations())
+    return frozenset(r["hash"] for f in files if (ROOT / f).is_file() for r in own_seed_runs(f))
+
+
 FAMILIES = (
+    ("the robustness curves: tuning (seeds 10, 11) and the tuned files (seeds 0-4)",
+     lambda r: r["hash"] in curve_hashes()),
     ("the worst-case matrix and its clean runs (150 rounds, batch 32)", lambda r: r["rounds"] == 150),
     ("the paper's schedule (T = 1500)", lambda r: r["rounds"] == 1500),
     ("Figures 3 and 4 and the gap at T = 200 (DSGD)", lambda r: r["rounds"] == 200 and r["algorithm"] == "dsgd"),
@@ -1244,7 +1254,7 @@ def issue38_time() -> None:
     """The runs issue 38 added, and their CPU hours."""
     parts = []
     for name, pred in ISSUE38:
-        mine = [r for r in rows() if pred(r)]
+        mine = [r for r in rows() if pred(r) and r["hash"] not in curve_hashes()]
         parts.append(f"{name}: {len(mine)} runs, {math.fsum(r['wall_time_s'] or 0 for r in mine) / 3600:.1f} CPU hours")
     print("The runs issue 38 added (the root-free defenses as published, the undefended mean, and IPM in the "
           "catalogue): " + "; ".join(parts) + ".")
@@ -1267,7 +1277,7 @@ def issue30_time() -> None:
     """The runs issue 30 added, and their CPU hours."""
     parts = []
     for name, pred in ISSUE30:
-        mine = [r for r in rows() if pred(r)]
+        mine = [r for r in rows() if pred(r) and r["hash"] not in curve_hashes()]
         parts.append(f"{name}: {len(mine)} runs, {math.fsum(r['wall_time_s'] or 0 for r in mine) / 3600:.1f} CPU hours")
     print("The runs beyond seed 0 (issue 30's, and a few seeds 1 made before it): " + "; ".join(parts) + ".")
 
