@@ -53,13 +53,18 @@ EXTRA_KEYS = ("clean_low", "clean_high", "clean_seeds", "clean_kind", "worst_kin
               "gap_high", "gap_pairs")
 ROOT_FREE = "root-free"  # the threat model of a defense that needs nothing from the server
 TRUSTED = "trusted server data"
-# protocols a practitioner may ask about that the worst-case matrix leaves out, and why
+# protocols a practitioner may ask about that the project's worst-case matrix leaves out, and why
+# (said of any store: these are not among its runs either)
 ABSENT = {
     "fedbn": "BN layers stay local: each client's model is evaluated on its own test split (a personalized "
-             "accuracy, not comparable with a global model's); not in the worst-case matrix",
-    "silobn": "BN statistics stay local (personalized evaluation, as FedBN); not in the worst-case matrix",
-    "fedwon": "no BN statistics to attack or defend (weight standardization); not in the worst-case matrix",
-    "fbn-scale": "not in the worst-case matrix (run only undefended, docs/results.md's scale-only FBN table)",
+             "accuracy, not comparable with a global model's); not among these runs, nor in robustbn's "
+             "worst-case matrix",
+    "silobn": "BN statistics stay local (personalized evaluation, as FedBN); not among these runs, nor in "
+              "robustbn's worst-case matrix",
+    "fedwon": "no BN statistics to attack or defend (weight standardization); not among these runs, nor in "
+              "robustbn's worst-case matrix",
+    "fbn-scale": "not among these runs, nor in robustbn's worst-case matrix (run only undefended, "
+                 "docs/results.md's scale-only FBN table)",
 }
 SETUP_FIELDS = ("dataset", "model", "n", "f", "rounds", "batch_size", "lr", "momentum", "partition", "gamma",
                 "algorithm")
