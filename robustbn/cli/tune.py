@@ -109,9 +109,8 @@ def _check_quickly(values: dict, points: list[dict], matrix: str) -> None:
             raise UsageError(f"--grid {', '.join(f'{k}={v!r}' for k, v in point.items())}: {e}") from None
 
 
-def _first_groups(plan, rank: dict, wanted) -> str:
+def _first_groups(plan, rank: dict, wanted: list) -> str:
     """How many defenses (each at each point of the setting) --first puts in each group, in order."""
-    wanted = wanted if isinstance(wanted, list) else [wanted]
     counts = [0] * (len(wanted) + 1)
     for by_point in plan.defenses.values():
         counts[rank[next(h for attacks in by_point for hashes in attacks.values() for h in hashes)]] += 1
@@ -222,7 +221,8 @@ def cmd_tune(args) -> int:
     rank = None
     if args.first is not None:
         ((key, wanted),) = key_values([args.first], "--first", "norm=fbn").items()
-        rank = first_ranks(by_hash, key, wanted if isinstance(wanted, list) else [wanted])
+        wanted = wanted if isinstance(wanted, list) else [wanted]
+        rank = first_ranks(by_hash, key, wanted)
     # a plan runs nothing and makes no store: it counts against an empty one where there is none
     empty = tempfile.TemporaryDirectory() if args.plan and not Path(args.db).is_file() else None
     store = Store(Path(empty.name) / "plan.sqlite") if empty else Store(args.db, readonly=args.plan)
