@@ -33,7 +33,7 @@ from aggregators.plugins import search_path
 from .checkpoint import (Checkpointer, Interrupted, checkpoint_dir, clear_stop, install_stop_handlers, request_stop,
                          stop_requested)
 from .scenario import Scenario
-from .store import FINISHED, LEASE_S, Store, new_owner, scenario_hash
+from .store import FINISHED, LEASE_S, Store, new_owner, same_run_hashes, scenario_hash
 
 _DATA_CACHE: dict = {}
 Todo = list[tuple[str, Scenario]]
@@ -185,7 +185,8 @@ def on_device(sc: Scenario, device: str | None) -> Scenario:
 def pending(scenarios: list[Scenario], store: Store, device: str | None = None,
             shard: tuple[int, int] | None = None) -> tuple[Todo, int, int]:
     """(hash, scenario) of the runs of this shard still to do, how many of the shard are done
-    already, and how many runs the shard has."""
+    already, and how many runs the shard has. A run finished on another device is done: a GPU's
+    runs and a CPU's fill one store."""
     todo, skipped, in_this_shard = [], 0, 0
     for sc in scenarios:
         sc = on_device(sc, device)
@@ -193,7 +194,7 @@ def pending(scenarios: list[Scenario], store: Store, device: str | None = None,
         if not in_shard(run_hash, shard):
             continue
         in_this_shard += 1
-        if store.status(run_hash) in FINISHED:
+        if any(store.status(h) in FINISHED for h in same_run_hashes(sc.to_dict())):
             skipped += 1
         else:
             todo.append((run_hash, sc))

@@ -63,6 +63,12 @@ CREATE TABLE IF NOT EXISTS runs (
 RESULT_COLUMNS = ("final_acc", "best_acc", "final_loss", "rounds_done", "resumed_from", "status", "wall_time_s",
                   "device", "code_version", "engine", "hash")
 OPTIONAL_EXPORT_COLUMNS = {"resumed_from", "code_version", "engine"}  # exports written before they existed lack them
+# the CSV/JSON export's column for a run's `source` (the file it was recorded from): an import keeps
+# it, so a tuning's runs and a search's trials stay out of reports after the round trip
+RECORDED_FROM = "recorded_from"
+# where a run can have run; the same scenario on two of them is one run (worst.py averages the
+# two into its seed), done wherever it finished
+DEVICES = ("cpu", "cuda", *(f"cuda:{i}" for i in range(8)))
 ENGINES = ("robustbn", "flower")  # what computed a run: robustbn's engine, or a Flower simulation (robustbn flower)
 LEASE_S = 120.0  # a claim's lifetime; its owner renews it every LEASE_S / 4 (`execute.Lease`)
 LOCK_WAIT_S = 60.0  # how long a write waits for another process's lock on the store
@@ -86,6 +92,12 @@ def scenario_hash(scenario: dict[str, Any], engine: str = "robustbn") -> str:
         scenario = {**scenario, "engine": engine}
     canonical = json.dumps(scenario, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:20]
+
+
+def same_run_hashes(scenario: dict[str, Any], engine: str = "robustbn") -> list[str]:
+    """The hashes of one run on every device in DEVICES, its own device's first."""
+    own = scenario.get("device", "cpu")
+    return [scenario_hash({**scenario, "device": d}, engine) for d in dict.fromkeys((own, *DEVICES))]
 
 
 def versions() -> dict[str, str]:
@@ -486,7 +498,7 @@ def scenario_dict(values: dict[str, Any]) -> dict[str, Any]:
 
 def read_export(path: str | Path) -> list[dict[str, Any]]:
     """The runs of a CSV written by `robustbn results --format csv`, as rows of the runs table
-    (source = the path), each scenario checked against the row's hash. Raises StoreError naming
+    (source: its RECORDED_FROM cell, else the path), each scenario checked against the row's hash. Raises StoreError naming
     the file (and the row) on anything else."""
     path = Path(path)
     if not path.is_file():
@@ -512,7 +524,7 @@ def read_export(path: str | Path) -> list[dict[str, Any]]:
     if duplicated:
         raise StoreError(f"{path}: column {duplicated[0]} appears twice in the header")
     types = _column_types()
-    summary = set(RESULT_COLUMNS) - {"device"} | {"history"}
+    summary = set(RESULT_COLUMNS) - {"device"} | {"history", RECORDED_FROM}
     unknown = [c for c in header if c not in types and c not in summary]
     if unknown:
         raise StoreError(f"{path}: unknown column{'s' * (len(unknown) > 1)} {', '.join(unknown)} "
@@ -553,7 +565,7 @@ def read_export(path: str | Path) -> list[dict[str, Any]]:
                              f"{cells['wall_time_s']!r} and {cells.get('resumed_from')!r}") from None
         device = cells["device"] or None
         # the device column is the device a run ended on; an unfinished run's is unknown
-        devices = [device] if device else ["cpu", "cuda", *(f"cuda:{i}" for i in range(8))]
+        devices = [device] if device else DEVICES
         try:
             candidates = [scenario_dict({**values, "device": d}) for d in devices]
         except ValueError as e:
@@ -568,6 +580,6 @@ def read_export(path: str | Path) -> list[dict[str, Any]]:
                              f"or an export from a robustbn version with other scenario fields")
         runs.append({"hash": run_hash, "scenario": json.dumps(scenario, sort_keys=True), "status": status,
                      "history": json.dumps(history) if history or status == "done" else None,
-                     "source": str(path), "wall_time_s": wall, "device": device, "resumed_from": resumed_from,
+                     "source": cells.get(RECORDED_FROM) or str(path), "wall_time_s": wall, "device": device, "resumed_from": resumed_from,
                      "code_version": cells.get("code_version") or None, "engine": engine})
     return runs

@@ -221,7 +221,7 @@ def settled_choices(finished: dict[str, dict[str, Any]], grid: dict[str, list[An
     return choices
 
 
-MIN_WAVE = 16  # a wave cut to --first's defenses still has this many runs: lanes sharing a store stay busy
+MIN_WAVE = 16  # a wave cut to --first's defenses still has this many runs a job: lanes sharing a store stay busy
 
 
 def first_ranks(by_hash: dict[str, Any], key: str, wanted: list[Any]) -> dict[str, int]:
@@ -241,7 +241,7 @@ def first_ranks(by_hash: dict[str, Any], key: str, wanted: list[Any]) -> dict[st
 
 def first_runs(wave: list[str], rank: dict[str, int], min_runs: int | None = None) -> list[str]:
     """A wave cut to its highest-priority runs (`first_ranks`): the runs of the best rank it
-    holds, then of the next, until it has at least `min_runs` (default MIN_WAVE). Every run kept
+    holds, then of the next, until it has at least `min_runs` (default MIN_WAVE: one job's). Every run kept
     is one the pruning asked for, so the choices are the same; only their order changes."""
     min_runs = MIN_WAVE if min_runs is None else min_runs
     kept: list[str] = []

@@ -42,7 +42,8 @@ The definition, exactly (`worst_case`):
   `scenarios/searched_worst_*.toml`, whose runs are ordinary runs of a searched attack).
   `source` makes no setting: a searched attack is one more attack of the settings it shares.
   `worst_source` names the file(s) of the worst attack's runs, `worst_kind` says "searched"
-  where they all come from confirmation files, else "catalogue" (None without sources). The
+  where they all come from confirmation files, "own" where a channel's attack is a user's
+  class (`module:Name`), else "catalogue" (None without sources). The
   worst case is thus the lower of the catalogue's worst and the confirmed searched worst, with
   the seeds and interval of the attack that achieved it.
 - **Threat models**: `server_data` says what a defense needs from the server beyond the
@@ -103,7 +104,7 @@ RESULT = ("worst_acc", "ci_low", "ci_high", "worst_std", "worst_attack", "worst_
           "no_attack_acc", "no_attack_low", "no_attack_high", "no_attack_seeds")
 BEST, TIED, WORSE = "best", "tied for best", "worse"
 SEARCHED_PREFIX = "searched_worst_"  # a confirmation file of an attack search: its runs are searched attacks
-CATALOGUE, SEARCHED = "catalogue", "searched"
+CATALOGUE, SEARCHED, OWN = "catalogue", "searched", "own"
 
 
 def source_kind(path: Any) -> str | None:
@@ -154,7 +155,14 @@ def _source(runs: list[dict[str, Any]]) -> tuple[str | None, str | None]:
     files = sorted({str(r["source"]) for r in runs if r.get("source")})
     if not files:
         return None, None
-    kind = SEARCHED if all(source_kind(f) == SEARCHED for f in files) else CATALOGUE
+    from aggregators.plugins import is_reference
+
+    if all(source_kind(f) == SEARCHED for f in files):
+        kind = SEARCHED
+    elif any(is_reference(attack) for attack, _, _, _ in channels(runs[0]).values()):
+        kind = OWN  # a user's attack class: no catalogue's
+    else:
+        kind = CATALOGUE
     return kind, ", ".join(files)
 
 

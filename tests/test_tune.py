@@ -489,6 +489,16 @@ def test_tuning_runs_and_search_trials_stay_out_of_what_the_tuned_and_confirmed_
     from robustbn.tune import is_tuning_file
     assert is_tuning_file(out / "tune_m.toml") and not is_tuning_file(tuned) and not is_tuning_file(confirm)
 
+    # a CSV export and import keep where each run was recorded from: the same answers from the copy
+    both = worst("--matrix", str(tuned), "--matrix", str(confirm))[0]
+    assert main(["results", "--db", db, "--format", "csv"]) == 0
+    (tmp_path / "all.csv").write_text(capsys.readouterr().out)
+    db = str(tmp_path / "imported.sqlite")
+    assert main(["import", str(tmp_path / "all.csv"), "--db", db]) == 0
+    capsys.readouterr()
+    assert worst("--matrix", str(tuned), "--matrix", str(confirm))[0] == both
+    assert "are an attack search's trials or a tuning's runs" in worst()[1]
+
 
 @pytest.mark.parametrize("matrix_values, grid, words, absent", [
     ({"gama": 0.5}, "lr=[0.1,0.2]", ["m.toml: unknown key 'gama' (did you mean 'gamma'?)"], "tune_m.toml"),
@@ -523,3 +533,60 @@ def test_a_search_on_a_tuned_file_keeps_the_attacks_the_search_file_fixes(tmp_pa
     assert (values.get("grad_attack"), values["bn_mean_attack"], values["bn_var_attack"]) == (None, "sf", "honest")
     values, _ = load(fixed, on=tuned)
     assert (values["bn_mean_attack"], values["bn_var_attack"]) == ("sf", "none")
+
+
+def _as_if_run_on_cuda(db) -> int:
+    """Rewrite every run of the store as a GPU's run of the same scenario (its hash, scenario
+    and device), as a store filled on a GPU machine holds it; the number of runs."""
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        rows = con.execute("SELECT hash, scenario FROM runs").fetchall()
+        for run_hash, text in rows:
+            sc = {**json.loads(text), "device": "cuda"}
+            con.execute("UPDATE runs SET hash = ?, scenario = ?, device = 'cuda' WHERE hash = ?",
+                        (scenario_hash(sc), json.dumps(sc, sort_keys=True), run_hash))
+    return len(rows)
+
+
+def test_runs_finished_on_another_device_count_for_the_tuning_and_its_tuned_files(matrix, tmp_path, capsys):
+    """A store whose tuning ran on a GPU (tune --device cuda) resumes on a CPU: nothing runs
+    again, the choices and tuned files are the same, and the tuned files' runs are done too."""
+    import sqlite3
+
+    db, out = tmp_path / "t.sqlite", tmp_path / "tuned"
+    argv = ["tune", str(matrix), "--grid", "lr=[0.0001,0.1]", "--db", str(db), "--out", str(out), "--quiet",
+            "--format", "json"]
+    assert main(argv) == 0
+    before = json.loads(capsys.readouterr().out)
+    files = {p.name: p.read_text() for p in out.glob("tuned_*.toml")}
+    median = next(d["file"] for d in before["defenses"] if d["defense"].startswith("median"))
+    assert main(["run", median, "--db", str(db), "--quiet"]) == 0
+    runs = _as_if_run_on_cuda(db)
+    assert runs > 0
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out) == before
+    assert {p.name: p.read_text() for p in out.glob("tuned_*.toml")} == files
+    assert main(["run", median, "--db", str(db), "--quiet"]) == 0
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == runs
+        assert {d for (d,) in con.execute("SELECT device FROM runs")} == {"cuda"}
+
+
+def test_tune_device_runs_elsewhere_and_writes_device_free_files(matrix, tmp_path, monkeypatch, capsys):
+    """--device reaches every run; the tuning and tuned files keep the matrix's device."""
+    import robustbn.execute as execute
+
+    devices, real = [], execute.run_matrix
+
+    def recording(scenarios, *args, **kwargs):
+        devices.append(kwargs.get("device"))
+        return real(scenarios, *args, **{**kwargs, "device": None})  # this machine has no GPU
+
+    monkeypatch.setattr(execute, "run_matrix", recording)
+    out = tmp_path / "tuned"
+    assert main(["tune", str(matrix), "--grid", "lr=[0.0001,0.1]", "--db", str(tmp_path / "t.sqlite"), "--out",
+                 str(out), "--quiet", "--device", "cuda"]) == 0
+    assert devices and set(devices) == {"cuda"}
+    assert all("device" not in read(p) for p in out.glob("*.toml"))

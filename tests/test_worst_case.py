@@ -397,6 +397,22 @@ def test_a_searched_attack_above_the_catalogues_worst_leaves_it_and_a_run_counts
     assert t["worst_kind"] is None and t["worst_source"] is None
 
 
+def test_a_users_own_attack_is_named_own_where_it_is_the_worst(tmp_path):
+    """worst_kind: "own" for a user's attack class (module:Name), whatever file lists it; a
+    catalogue attack in the same file stays "catalogue"."""
+    store = Store(tmp_path / "s.sqlite")
+    base = Scenario(**{**BASE, **SEARCH_SETTING, **CATALOGUE["alie-grad"]}).validated().to_dict()
+    for seed, acc in enumerate(CATALOGUE_ACC["alie-grad"]):
+        add_raw(store, acc, {**base, "seed": seed})
+        add_raw(store, acc - 0.3, {**base, "seed": seed, "grad_attack": "myattacks:Shift"})
+    rows = [{**r, "source": "mine.toml"} for r in store.rows()]
+    store.close()
+    (t,) = worst_case(rows)
+    assert (t["worst_kind"], t["worst_source"]) == ("own", "mine.toml") and "myattacks:Shift" in t["worst_attack"]
+    (t,) = worst_case([r for r in rows if r["grad_attack"] == "alie"])
+    assert t["worst_kind"] == "catalogue"
+
+
 def test_results_and_plot_worst_case_read_several_matrix_files(tmp_path, capsys):
     db, catalogue, searched = searched_store(tmp_path, (0.20, 0.30, 0.10, 0.24))
     assert main(["results", "--db", str(db), "--worst-case", "--format", "json", "--matrix", catalogue,

@@ -100,7 +100,7 @@ def register(sub) -> None:
 @fail_cleanly
 def cmd_results(args) -> int:
     from ..labels import varying
-    from ..store import FINISHED, RESULT_COLUMNS, Store, export
+    from ..store import FINISHED, RECORDED_FROM, RESULT_COLUMNS, Store, export
 
     views = [flag for flag, on in (("--worst-case", args.worst_case), ("--pooled", args.pooled),
                                    ("--compare", args.compare)) if on]
@@ -112,6 +112,7 @@ def cmd_results(args) -> int:
     compared = _compared(args.compare) if args.compare else None
     with Store(args.db, readonly=True) as store:
         rows = selected_rows(store, args.where, FINISHED if views else args.status, args.matrix, note=bool(views))
+        recorded = dict(store.db.execute("SELECT hash, source FROM runs")) if args.format != "table" else {}
     if args.worst_case:
         return _print_worst_case(rows, args.format, args.tuned)
     rows = [{k: v for k, v in r.items() if k != "source"} for r in rows]  # the file: a worst case's column only
@@ -126,7 +127,8 @@ def cmd_results(args) -> int:
     else:
         # every scenario field of any row (runs made before a field existed lack it)
         scenario_keys = sorted({k for r in rows for k in r} - set(RESULT_COLUMNS) - {"history", "error"})
-        print(export(rows, args.format, scenario_keys + list(RESULT_COLUMNS) + ["history"]), end="")
+        rows = [{**r, RECORDED_FROM: recorded.get(r["hash"]) or None} for r in rows]  # `import` keeps it
+        print(export(rows, args.format, scenario_keys + list(RESULT_COLUMNS) + [RECORDED_FROM, "history"]), end="")
     return 0
 
 
@@ -250,8 +252,9 @@ def _print_worst_case(rows: list[dict], fmt: str, tuned: list[str] = ()) -> int:
         if any(t["diverged"] for t in table):
             notes.append("diverged: runs whose final accuracy is NaN or missing, counted at chance, 1 / classes")
         if any(t.get("worst_source") for t in table):
-            notes.append("worst_kind, worst_source: whether the worst attack is the catalogue's or a searched one "
-                         "(its runs from an attack search's confirmation file, searched_worst_*.toml), and the file")
+            notes.append("worst_kind, worst_source: whether the worst attack is the catalogue's, a searched one "
+                         "(its runs from an attack search's confirmation file, searched_worst_*.toml) or a user's "
+                         "own class (module:Name), and the file")
         if any(t["worst_acc"] is None for t in table):
             notes.append("no worst_acc: f > 0 but no attack was run in that setting")
         print("\n".join(notes))

@@ -44,6 +44,8 @@ def register(sub) -> None:
     p.add_argument("--db", default=DEFAULT_DB, help=f"results store (default {DEFAULT_DB})")
     p.add_argument("--out", default=None, metavar="DIR", help="where the tuning and tuned files go")
     p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="run on this device (the files keep their own; a run finished on any device counts)")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--plan", action="store_true", help="write the tuning file and count its runs, run nothing")
     p.add_argument("--full", action="store_true", help="run every run of the tuning file (no pruning, clean runs too)")
@@ -72,28 +74,45 @@ def _pruned(plan, by_hash: dict, store, source: str, args, after_wave, rank: dic
     import dataclasses
     import time
 
+    from .. import tune
     from ..execute import Summary, run_matrix
-    from ..store import FINISHED
-    from ..tune import first_runs
 
     summary, failed, wave_no = Summary(), set(), 0
+    alias = _same_runs(by_hash)
     while True:
-        finished = {r["hash"]: r for r in store.rows(status=FINISHED) if r["hash"] in by_hash}
+        finished = _finished(store, alias)
         after_wave(finished)
         wave = plan.next_wave(finished, frozenset(failed))
         if rank:
-            wave = first_runs(wave, rank)
+            wave = tune.first_runs(wave, rank, tune.MIN_WAVE * args.jobs)
         if not wave:
             return summary
         wave_no += 1
         if not args.quiet:
             print(f"tune: wave {wave_no}, {len(wave)} runs", file=sys.stderr)
-        s = run_matrix([by_hash[h] for h in wave], store, source=source, jobs=args.jobs, progress=not args.quiet)
+        s = run_matrix([by_hash[h] for h in wave], store, source=source, jobs=args.jobs, device=args.device,
+                       progress=not args.quiet)
         for f in dataclasses.fields(Summary):  # the waves' summaries added up
             setattr(summary, f.name, getattr(summary, f.name) + getattr(s, f.name))
         failed |= {h for h, _ in s.failed}
         if s.taken and not s.done and not s.failed:
             time.sleep(30)  # another process shares the store and holds this wave's runs
+
+
+def _same_runs(by_hash: dict) -> dict[str, str]:
+    """Each planned run's hash on every device -> its hash in the tuning file."""
+    from ..store import same_run_hashes
+
+    return {alt: h for h, sc in by_hash.items() for alt in same_run_hashes(sc.to_dict())}
+
+
+def _finished(store, alias: dict[str, str]) -> dict[str, dict]:
+    """The tuning file's finished runs, on whichever device each ran, each under its hash in the
+    file (the grid points are found by it): what the pruning and the choices read."""
+    from ..store import FINISHED
+
+    return {alias[r["hash"]]: {**r, "hash": alias[r["hash"]]} for r in store.rows(status=FINISHED)
+            if r["hash"] in alias}
 
 
 def _check_quickly(values: dict, points: list[dict], matrix: str) -> None:
@@ -173,7 +192,7 @@ def cmd_tune(args) -> int:
     from ..evaluate import toml_text
     from ..execute import pending, run_matrix
     from ..matrix import carried_search_path, parse_override
-    from ..store import FINISHED, Store, strict_json
+    from ..store import Store, strict_json
     from ..tune import (REPORT_SEEDS, TUNING_SEEDS, TUNING_WORDS, Tuning, check_matrix, expand_grid, first_ranks,
                         grid_points, setting_fields, varies)
 
@@ -227,7 +246,7 @@ def cmd_tune(args) -> int:
     empty = tempfile.TemporaryDirectory() if args.plan and not Path(args.db).is_file() else None
     store = Store(Path(empty.name) / "plan.sqlite") if empty else Store(args.db, readonly=args.plan)
     try:
-        todo, _, total = pending(scenarios, store, None, None)
+        todo, _, total = pending(scenarios, store, None, None)  # the file's hashes, as the plan holds them
         plan = Tuning([(h, sc.to_dict()) for h, sc in by_hash.items()], grid, point_of)
         head = f"tune: {len(points)} grid points x {total // len(points)} runs on seeds {', '.join(map(str, seeds))}"
         if args.full:
@@ -243,7 +262,8 @@ def cmd_tune(args) -> int:
             return 0
         try:
             if args.full:
-                summary = run_matrix(scenarios, store, source=str(tuning), jobs=args.jobs, progress=not args.quiet)
+                summary = run_matrix(scenarios, store, source=str(tuning), jobs=args.jobs, device=args.device,
+                                     progress=not args.quiet)
             else:  # each defense's tuned file is written once its choice is settled, wave by wave
                 after_wave = lambda finished: _write_tuned(finished, grid, plan, point_of, values, out,
                                                            report_seeds)
@@ -252,8 +272,7 @@ def cmd_tune(args) -> int:
             print(f"robustbn tune: stopped by {signal.Signals(e.signum).name}; the running runs are checkpointed in "
                   f"{checkpoint_dir(args.db)}; the same command resumes", file=sys.stderr)
             return 128 + e.signum
-        # exactly the tuning file's runs (its seeds, this device): what the pruning read
-        finished = {r["hash"]: r for r in store.rows(status=FINISHED) if r["hash"] in by_hash}
+        finished = _finished(store, _same_runs(by_hash))  # exactly the tuning file's runs: what the pruning read
     finally:
         store.close()
         if empty:
