@@ -464,7 +464,7 @@ def f_sweep_level() -> None:
     for norm in values["norm"]:
         board_acc, board_text = best(on_board.get(norm, []))
         if board_acc is not None and board_acc - chance < 0.1:
-            low.append(f"{norm_words(norm)}'s stands {100 * (board_acc - chance):.1f} points above it")
+            low.append(f"{norm_words(norm)}'s best stands {100 * (board_acc - chance):.1f} points above chance")
         print(f"| {norm_words(norm)} | {board_text} | {best(at(norm, 0.0))[1]} | {best(at(norm, held))[1]} |")
     print()
     if low:

@@ -252,3 +252,42 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     assert "| 3 | 2 of 3 defenses run, no pick yet: " in capsys.readouterr().out
     tables.curve_searches()
     assert "0 of the 0 picks" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("board_acc, near", [(0.15, True), (0.45, False)])
+def test_the_f_sweeps_level_is_argued_from_the_board_and_the_curves(tmp_path, monkeypatch, capsys, board_acc, near):
+    """f_sweep_level: per protocol, the highest root-free worst case on the board (gamma = 0)
+    and on the curves at gamma 0 and 0.1; the sentence names a protocol within 10 points of
+    chance on the board, and only then."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import tables
+    from test_worst_case import ATTACKS, DEFENSES, add
+
+    from robustbn.store import Store
+
+    store = Store(tmp_path / "c.sqlite")
+    board, curve = [], []
+    for seed in range(5):
+        for d, defense in enumerate(DEFENSES):
+            acc = board_acc - 0.05 * d + 0.002 * seed  # the mean (d = 0) is the higher
+            board += [add(store, acc, norm="fbn", f=3, gamma=0.0, lr=0.05, seed=seed, **DEFENSES[defense],
+                          **ATTACKS["sf-mean"])]
+            for gamma, lr in ((0.0, 0.1), (0.1, 0.01)):
+                curve += [add(store, acc + 0.1 + gamma, norm="fbn", f=3, gamma=gamma, lr=lr, seed=seed,
+                              **DEFENSES[defense], **ATTACKS["sf-mean"])]
+    runs = store.rows()
+    store.close()
+    monkeypatch.setattr(tables, "board_runs", lambda: [r for r in runs if r["hash"] in board])
+    monkeypatch.setattr(tables, "curve_runs", lambda x=None: [r for r in runs if r["hash"] in curve])
+    tables.f_sweep_level()
+    text = capsys.readouterr().out
+    (fbn,) = [line for line in text.splitlines() if line.startswith("| FBN |")]
+    cells = fbn.split(" | ")[1:]
+    top = board_acc + 0.004  # the mean over seeds 0-4
+    assert cells[0].startswith(f"{100 * top:.1f} [") and "(5 seeds), mean" in cells[0]
+    assert cells[1].startswith(f"{100 * (top + 0.1):.1f} [") and cells[1].endswith("lr 0.1")
+    assert cells[2].startswith(f"{100 * (top + 0.2):.1f} [") and cells[2].endswith("lr 0.01 |")
+    assert "| naive BN | - | - | - |" in text
+    assert (f"FBN's best stands {100 * (top - 0.1):.1f} points above chance" in text) == near
+    assert ("No protocol's best root-free row" in text) == (not near)
