@@ -1,36 +1,48 @@
 #!/usr/bin/env bash
 # Issue 40's robustness curves on a lent GPU: resume `robustbn tune` of the curves' matrix on CUDA
-# in a copy of the store for LIMIT_S seconds, then copy the store and the tuned files back under
+# in a copy of the store for LIMIT_S seconds, then the tuned files' reporting runs (seeds 0-4) for
+# REPORT_S seconds (default 0), then copy the store and the tuned files back under
 # ${OUT:-gpu-logs}, and print how many runs finished and at what pace. On the CPU machine:
 #   robustbn merge --db results/board.sqlite OUT/board.sqlite; cp OUT/tuned/*.toml scenarios/tuned/robustness_fmnist/
 # A run finished on any device counts (`robustbn tune --device`), so the CPU's lanes resume where
 # the GPU stopped. Stopped by SIGTERM at LIMIT_S, tune checkpoints its running runs (on the GPU
 # machine, so those few run again). Needs Fashion-MNIST under ROBUSTBN_DATA.
 #
-#   STORE=build/gpu/board.sqlite LIMIT_S=300 JOBS=8 bash benchmarks/gpu_curves.sh
+#   STORE=build/gpu/board.sqlite LIMIT_S=300 REPORT_S=120 JOBS=8 bash benchmarks/gpu_curves.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-logs}
 store=${STORE:?STORE: the store to resume (a copy of results/board.sqlite)}
 limit=${LIMIT_S:-300}
+report=${REPORT_S:-0}
 jobs=${JOBS:-8}
+device=${DEVICE:-cuda}  # cpu: a dry run of this script on a machine without a GPU
 tuned=scenarios/tuned/robustness_fmnist
 mkdir -p "$out/tuned"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-finished_on_cuda() {
+finished_here() {
   python3 -c "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute(\"SELECT COUNT(*) FROM runs WHERE \
-status IN ('done', 'diverged') AND device LIKE 'cuda%'\").fetchone()[0])" "$store"
+status IN ('done', 'diverged') AND device = '$device'\").fetchone()[0])" "$store"
 }
-before=$(finished_on_cuda)
+before=$(finished_here)
 start=$SECONDS
-timeout -s TERM -k 30 "$limit" python3 -m robustbn tune scenarios/robustness_fmnist.toml --grid 'lr=[0.01,0.05,0.1]' \
-  --db "$store" --out "$tuned" --jobs "$jobs" --device cuda --quiet --first 'norm=[fbn,naive]' >"$out/tune.txt" 2>&1
+timeout -s TERM -k 30 "$limit" python3 -m robustbn.cli tune scenarios/robustness_fmnist.toml --grid 'lr=[0.01,0.05,0.1]' \
+  --db "$store" --out "$tuned" --jobs "$jobs" --device "$device" --quiet --first 'norm=[fbn,naive]' >"$out/tune.txt" 2>&1
 rc=$?
 wall=$((SECONDS - start))
-after=$(finished_on_cuda)
+after=$(finished_here)
 tail -n 5 "$out/tune.txt"
-echo "gpu_curves: tune exit $rc; $((after - before)) runs finished on CUDA in $wall s with $jobs jobs" \
+echo "gpu_curves: tune exit $rc; $((after - before)) runs finished on $device in $wall s with $jobs jobs" \
      "($(( (after - before) * 3600 / (wall > 0 ? wall : 1) )) runs per hour, the start and the stop included)"
+if [ "$report" -gt 0 ] && ls "$tuned"/tuned_*.toml >/dev/null 2>&1; then
+  start=$SECONDS
+  timeout -s TERM -k 30 "$report" python3 -m robustbn.cli run "$tuned"/tuned_*.toml --db "$store" --jobs "$jobs" \
+    --device "$device" --quiet >"$out/report.txt" 2>&1
+  rc=$?
+  wall=$((SECONDS - start))
+  done_now=$(finished_here)
+  echo "gpu_curves: reporting runs exit $rc; $((done_now - after)) runs finished on $device in $wall s"
+fi
 cp "$store" "$out/board.sqlite"
 cp "$tuned"/tuned_*.toml "$out/tuned/" 2>/dev/null
 exit 0
