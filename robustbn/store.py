@@ -498,8 +498,9 @@ def scenario_dict(values: dict[str, Any]) -> dict[str, Any]:
 
 def read_export(path: str | Path) -> list[dict[str, Any]]:
     """The runs of a CSV written by `robustbn results --format csv`, as rows of the runs table
-    (source: its RECORDED_FROM cell, else the path), each scenario checked against the row's
-    hash. Raises StoreError naming the file (and the row) on anything else."""
+    (source: its RECORDED_FROM cell, as it is, where it has the column, else the path), each
+    scenario checked against the row's hash. Raises StoreError naming the file (and the row) on
+    anything else."""
     path = Path(path)
     if not path.is_file():
         raise StoreError(f"{path}: not a regular file" if path.exists() else f"{path}: no such file")
@@ -580,7 +581,8 @@ def read_export(path: str | Path) -> list[dict[str, Any]]:
                              f"or an export from a robustbn version with other scenario fields")
         runs.append({"hash": run_hash, "scenario": json.dumps(scenario, sort_keys=True), "status": status,
                      "history": json.dumps(history) if history or status == "done" else None,
-                     "source": cells.get(RECORDED_FROM) or str(path), "wall_time_s": wall, "device": device,
+                     "source": cells[RECORDED_FROM] if RECORDED_FROM in cells else str(path),
+                     "wall_time_s": wall, "device": device,
                      "resumed_from": resumed_from,
                      "code_version": cells.get("code_version") or None, "engine": engine})
     return runs

@@ -207,7 +207,7 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     from test_worst_case import ATTACKS, BASE, DEFENSES, add
 
     from robustbn.evaluate import toml_text
-    from robustbn.store import Store
+    from robustbn.store import Store, scenario_dict
 
     tuned_dir = tmp_path / tables.TUNED_DIR
     tuned_dir.mkdir(parents=True)
@@ -238,7 +238,7 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     searched = [{**r, "source": confirm} if r["gamma"] == 1.0 and r["bn_agg"] == "nnm+median" else r for r in runs]
     monkeypatch.setattr(tables, "curve_runs", lambda x=None: searched)
     mine = [r for r in searched if r.get("source") == confirm]
-    monkeypatch.setattr(tables, "planned_hashes", lambda path: frozenset(r["hash"] for r in mine))
+    monkeypatch.setattr(tables, "planned_scenarios", lambda path: tuple(scenario_dict(r) for r in mine))
     monkeypatch.setattr(tables, "own_seed_runs", lambda path: mine[:-1])  # 4 of its 5 runs finished: not yet
     tables.curve_searches()
     assert "0 of the 1 picks" in capsys.readouterr().out
@@ -246,6 +246,12 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     tables.curve_searches()
     out = capsys.readouterr().out
     assert "1 of the 1 picks a search could change are searched" in out and "robustbn attack-search" not in out
+    # the same runs made on a GPU (their hashes are the GPU's) finish the confirmation too
+    from robustbn.store import scenario_hash
+    monkeypatch.setattr(tables, "own_seed_runs",
+                        lambda path: [{**r, "hash": scenario_hash({**scenario_dict(r), "device": "cuda"})} for r in mine])
+    tables.curve_searches()
+    assert "1 of the 1 picks a search could change are searched" in capsys.readouterr().out
     # a point where fewer defenses ran than the tuning plans: no pick in the map, no search
     monkeypatch.setattr(tables, "expected_defenses", lambda norm, threat, gamma, f: 3)
     tables.robustness_map()

@@ -158,6 +158,14 @@ momentum = 0.5
 """
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread(monkeypatch):
+    """The runs these tests start are compared bit for bit across --jobs 1 (the driver's torch
+    threads) and --jobs 2 (a worker's one): one thread each, as under ./dev.sh test's workers,
+    also where pytest runs alone on a machine of several cores."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
 def cli(*args) -> list[str]:
     return [sys.executable, "-m", "robustbn.cli", *map(str, args)]
 

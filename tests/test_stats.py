@@ -254,7 +254,8 @@ def test_pooled_cells_and_the_per_run_export_unchanged(compare_db, capsys):
     # the per-run export (read back by `robustbn import`) keeps its columns
     assert main(["results", "--db", compare_db, "--format", "csv"]) == 0
     header = capsys.readouterr().out.splitlines()[0].split(",")
-    assert header[-len(RESULT_COLUMNS) - 1:] == [*RESULT_COLUMNS, "history"] and "ci_low" not in header
+    assert header[-len(RESULT_COLUMNS) - 2:] == [*RESULT_COLUMNS, "recorded_from", "history"]
+    assert "ci_low" not in header
     assert "seed" in header
 
 
