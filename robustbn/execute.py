@@ -33,7 +33,7 @@ from aggregators.plugins import search_path
 from .checkpoint import (Checkpointer, Interrupted, checkpoint_dir, clear_stop, install_stop_handlers, request_stop,
                          stop_requested)
 from .scenario import Scenario
-from .store import FINISHED, LEASE_S, Store, new_owner, same_run_hashes, scenario_hash
+from .store import FINISHED, LEASE_S, Store, new_owner, same_run_hashes
 
 _DATA_CACHE: dict = {}
 Todo = list[tuple[str, Scenario]]
@@ -190,11 +190,12 @@ def pending(scenarios: list[Scenario], store: Store, device: str | None = None,
     todo, skipped, in_this_shard = [], 0, 0
     for sc in scenarios:
         sc = on_device(sc, device)
-        run_hash = scenario_hash(sc.to_dict())
+        hashes = same_run_hashes(sc.to_dict())
+        run_hash = hashes[0]  # on its own device: the hash it is stored under
         if not in_shard(run_hash, shard):
             continue
         in_this_shard += 1
-        if any(store.status(h) in FINISHED for h in same_run_hashes(sc.to_dict())):
+        if any(store.status(h) in FINISHED for h in hashes):
             skipped += 1
         else:
             todo.append((run_hash, sc))

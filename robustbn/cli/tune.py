@@ -66,11 +66,11 @@ def _seeds(text: str, flag: str) -> list[int]:
     return seeds
 
 
-def _pruned(plan, by_hash: dict, store, source: str, args, after_wave, rank: dict | None = None):
+def _pruned(plan, by_hash: dict, alias: dict, store, source: str, args, after_wave, rank: dict | None = None):
     """Run the tuning in waves (robustbn.tune.Tuning) until every defense's choice is settled,
-    calling after_wave(finished runs by hash) before each wave; `rank` (robustbn.tune.first_ranks):
-    each wave cut to its first runs. Runs another process holds are waited for; a run that fails
-    here is not retried."""
+    calling after_wave(finished runs by hash; `alias`: _same_runs) before each wave; `rank`
+    (robustbn.tune.first_ranks): each wave cut to its first runs. Runs another process holds are
+    waited for; a run that fails here is not retried."""
     import dataclasses
     import time
 
@@ -78,7 +78,6 @@ def _pruned(plan, by_hash: dict, store, source: str, args, after_wave, rank: dic
     from ..execute import Summary, run_matrix
 
     summary, failed, wave_no = Summary(), set(), 0
-    alias = _same_runs(by_hash)
     while True:
         finished = _finished(store, alias)
         after_wave(finished)
@@ -260,6 +259,7 @@ def cmd_tune(args) -> int:
             print(f"tune: --first {key}: {_first_groups(plan, rank, wanted)}", file=sys.stderr)
         if args.plan:
             return 0
+        alias = _same_runs(by_hash)
         try:
             if args.full:
                 summary = run_matrix(scenarios, store, source=str(tuning), jobs=args.jobs, device=args.device,
@@ -267,12 +267,12 @@ def cmd_tune(args) -> int:
             else:  # each defense's tuned file is written once its choice is settled, wave by wave
                 after_wave = lambda finished: _write_tuned(finished, grid, plan, point_of, values, out,
                                                            report_seeds)
-                summary = _pruned(plan, by_hash, store, str(tuning), args, after_wave, rank)
+                summary = _pruned(plan, by_hash, alias, store, str(tuning), args, after_wave, rank)
         except Interrupted as e:
             print(f"robustbn tune: stopped by {signal.Signals(e.signum).name}; the running runs are checkpointed in "
                   f"{checkpoint_dir(args.db)}; the same command resumes", file=sys.stderr)
             return 128 + e.signum
-        finished = _finished(store, _same_runs(by_hash))  # exactly the tuning file's runs: what the pruning read
+        finished = _finished(store, alias)  # exactly the tuning file's runs: what the pruning read
     finally:
         store.close()
         if empty:
