@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Issue 40's robustness curves on a lent GPU: resume `robustbn tune` of the curves' matrix on CUDA
 # in a copy of the store for LIMIT_S seconds, then the tuned files' reporting runs (seeds 0-4) for
-# REPORT_S seconds (default 0), then copy the store and the tuned files back under
-# ${OUT:-gpu-logs}, and print how many runs finished and at what pace. On the CPU machine:
-#   robustbn merge --db results/board.sqlite OUT/board.sqlite; cp OUT/tuned/*.toml scenarios/tuned/robustness_fmnist/
+# REPORT_S seconds (default 0), then copy the store (gzipped) and the tuned files (one tar: a
+# lease returns at most 8 files of 16 MiB) back under ${OUT:-gpu-logs}, and print how many runs
+# finished and at what pace. A STORE ending in .gz is unpacked first (the tree that travels is
+# capped at 64 MiB). On the CPU machine:
+#   gunzip OUT/board.sqlite.gz; robustbn merge --db results/board.sqlite OUT/board.sqlite
+#   tar xzf OUT/tuned.tgz -C scenarios/tuned/robustness_fmnist
 # A run finished on any device counts (`robustbn tune --device`), so the CPU's lanes resume where
 # the GPU stopped. Stopped by SIGTERM at LIMIT_S, tune checkpoints its running runs (on the GPU
 # machine, so those few run again). Needs Fashion-MNIST under ROBUSTBN_DATA.
 #
-#   STORE=build/gpu/board.sqlite LIMIT_S=300 REPORT_S=120 JOBS=8 bash benchmarks/gpu_curves.sh
+#   STORE=build/gpu/board.sqlite.gz LIMIT_S=300 REPORT_S=120 JOBS=8 bash benchmarks/gpu_curves.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-logs}
@@ -18,7 +21,8 @@ report=${REPORT_S:-0}
 jobs=${JOBS:-8}
 device=${DEVICE:-cuda}  # cpu: a dry run of this script on a machine without a GPU
 tuned=scenarios/tuned/robustness_fmnist
-mkdir -p "$out/tuned"
+mkdir -p "$out"
+case "$store" in *.gz) gunzip -kf "$store"; store=${store%.gz} ;; esac
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 finished_here() {
   python3 -c "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute(\"SELECT COUNT(*) FROM runs WHERE \
@@ -43,6 +47,6 @@ if [ "$report" -gt 0 ] && ls "$tuned"/tuned_*.toml >/dev/null 2>&1; then
   done_now=$(finished_here)
   echo "gpu_curves: reporting runs exit $rc; $((done_now - after)) runs finished on $device in $wall s"
 fi
-cp "$store" "$out/board.sqlite"
-cp "$tuned"/tuned_*.toml "$out/tuned/" 2>/dev/null
+gzip -c "$store" >"$out/board.sqlite.gz"
+tar czf "$out/tuned.tgz" -C "$tuned" .
 exit 0
