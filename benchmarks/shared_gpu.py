@@ -1,0 +1,103 @@
+"""Seconds per round of one run when K runs share the device, per aggregation rule: what a
+matrix's `--jobs K` pays. On one H100 with eight jobs, FixBN's runs with DnC on every channel
+took 20 times the other defenses' (docs/performance.md, the 2026-11-28 lease), while alone
+DnC's round costs 1.2x nnm+median's. DnC syncs with the host every call
+(`torch.linalg.eigh`); this measures whether a sync costs more when processes time-slice the
+GPU.
+
+    python benchmarks/shared_gpu.py [--device cuda] [--rules nnm+trmean dnc] [--procs 1 8] [--norm fixbn]
+
+Each of K spawned processes builds the same federation (Simple-CNN, n = 10, f = 3, ALIE on
+the gradients, SF on the BN statistics, the rule on every channel), waits at a barrier, runs
+3 rounds, then times `--rounds` rounds with one sync at the end (a run syncs no more often
+between its evaluations). Per rule and K: the median over the processes of seconds a round,
+the rounds a second of all K together, and the slowdown of a process against the smallest K (side by
+side in one run).
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+# benchmarks/aggregators.py would shadow the package of that name: keep this folder off the path.
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+import torch  # noqa: E402
+
+
+def one_process(rule: str, norm: str, device: str, rounds: int, threads: int, barrier, results) -> None:
+    torch.set_num_threads(threads)
+    from robustbn.data import DataError, load_dataset, partition
+    from robustbn.engine import Federation
+    from robustbn.protocols import get
+    from robustbn.scenario import Scenario
+
+    dev = torch.device(device)
+    try:
+        data = load_dataset("fashion-mnist", device=dev)
+    except DataError:
+        data = load_dataset("synthetic-images", device=dev)
+    sends = get(norm).sends_statistics
+    sc = Scenario.from_dict(dict(dataset=data.name, model="simple-cnn", norm=norm, n=10, f=3, batch_size=32,
+                                 momentum=0.9, rounds=10**6, grad_attack="alie", bn_attack="sf" if sends else "none",
+                                 grad_agg=rule, bn_agg=rule, partition="gamma", gamma=0.0, device=device))
+    fed = Federation(sc, data, partition(data.y_train.cpu().numpy(), sc.honest, "gamma", 0.0, seed=0))
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    for _ in range(3):
+        fed.step()
+    sync()
+    barrier.wait()
+    start = time.perf_counter()
+    for _ in range(rounds):
+        fed.step()
+    sync()
+    results.put((time.perf_counter() - start) / rounds)
+
+
+def measure(rule: str, k: int, args) -> list[float]:
+    ctx = mp.get_context("spawn")  # CUDA and forked processes do not mix
+    barrier, results = ctx.Barrier(k), ctx.Queue()
+    threads = max(1, (os.cpu_count() or 1) // k)
+    procs = [ctx.Process(target=one_process, args=(rule, args.norm, args.device, args.rounds, threads, barrier,
+                                                    results)) for _ in range(k)]
+    for p in procs:
+        p.start()
+    out = [results.get() for _ in procs]
+    for p in procs:
+        p.join()
+        if p.exitcode:
+            raise SystemExit(f"shared_gpu: a process for {rule} exited with {p.exitcode}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--rules", nargs="+", default=["nnm+trmean", "dnc"])
+    ap.add_argument("--procs", nargs="+", type=int, default=[1, 8])
+    ap.add_argument("--norm", default="fixbn")
+    ap.add_argument("--rounds", type=int, default=30)
+    args = ap.parse_args()
+    if any(k < 1 for k in args.procs) or args.rounds < 1:
+        ap.error("--procs and --rounds take integers >= 1")
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{os.cpu_count()} CPU cores"
+    print(f"# torch {torch.__version__}, {name}; {args.norm}, Simple-CNN, n = 10, f = 3, batch 32; "
+          f"{args.rounds} rounds timed per process")
+    print("\n| rule on every channel | processes | s a round (median over them) | rounds a second, all | "
+          "slowdown against the fewest |")
+    print("|---|---|---|---|---|")
+    for rule in args.rules:
+        alone = None
+        for k in sorted(set(args.procs)):
+            per = measure(rule, k, args)
+            mid = statistics.median(per)
+            alone = mid if alone is None else alone
+            print(f"| {rule} | {k} | {mid:.4f} | {sum(1 / s for s in per):.1f} | {mid / alone:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
