@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -585,8 +586,22 @@ def test_tune_device_runs_elsewhere_and_writes_device_free_files(matrix, tmp_pat
         return real(scenarios, *args, **{**kwargs, "device": None})  # this machine has no GPU
 
     monkeypatch.setattr(execute, "run_matrix", recording)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # --device cuda is checked first
     out = tmp_path / "tuned"
     assert main(["tune", str(matrix), "--grid", "lr=[0.0001,0.1]", "--db", str(tmp_path / "t.sqlite"), "--out",
                  str(out), "--quiet", "--device", "cuda"]) == 0
     assert devices and set(devices) == {"cuda"}
     assert all("device" not in read(p) for p in out.glob("*.toml"))
+
+
+@pytest.mark.parametrize("command", ["tune", "run"])
+def test_a_device_this_machine_lacks_is_refused_before_anything_is_written(command, matrix, tmp_path, monkeypatch,
+                                                                           capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    db, out = tmp_path / "t.sqlite", tmp_path / "tuned"
+    argv = (["tune", str(matrix), "--grid", "lr=[0.0001,0.1]", "--out", str(out)] if command == "tune" else
+            ["run", str(matrix)]) + ["--db", str(db), "--quiet", "--device", "cuda"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == (f"robustbn {command}: --device cuda: CUDA is not available on this "
+                                               f"machine; use --device cpu")
+    assert not db.exists() and not out.exists()

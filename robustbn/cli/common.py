@@ -24,6 +24,16 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+def check_device_here(device: str | None, flag: str = "--device") -> None:
+    """A --device this machine has, checked before a store or a file is written (each
+    scenario checks its own device only when it runs)."""
+    if device is not None and device != "cpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"{flag} {device}: CUDA is not available on this machine; use {flag} cpu")
+
+
 def fail_cleanly(fn):
     """A command function whose user errors (and a store that broke after it opened) print one
     line, `robustbn COMMAND: ...`, and return 2."""

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from .common import DEFAULT_DB, RAW, UsageError, fail_cleanly
+from .common import DEFAULT_DB, RAW, UsageError, check_device_here, fail_cleanly
 
 BIG_MATRIX = 2000  # runs: more needs --yes
 
@@ -72,8 +72,10 @@ def run_and_report(values_scenarios, source, args, label: str = "", checked: boo
         if not (0 < args.cpus_per_run < math.inf and 0 <= args.gpus_per_run < math.inf) or args.retries < 0:
             raise UsageError("--cpus-per-run must be > 0, --gpus-per-run >= 0 and --retries >= 0")
         ray_options = RayOptions(args.address, args.cpus_per_run, args.gpus_per_run, args.retries)
-    elif getattr(args, "address", None):
-        raise UsageError("--address is for --executor ray")
+    else:
+        if getattr(args, "address", None):
+            raise UsageError("--address is for --executor ray")
+        check_device_here(args.device)  # Ray's workers may have the GPU this machine lacks
     store = Store(args.db)
     try:
         summary = run_matrix(scenarios, store, source=source, jobs=args.jobs, device=args.device,

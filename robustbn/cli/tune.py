@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .common import DEFAULT_DB, RAW, UsageError, fail_cleanly, key_values, text_table
+from .common import DEFAULT_DB, RAW, UsageError, check_device_here, fail_cleanly, key_values, text_table
 
 
 def register(sub) -> None:
@@ -201,6 +201,7 @@ def cmd_tune(args) -> int:
         raise UsageError("--first orders the pruned waves; --full runs every run at once: give one of them")
     if not args.grid:
         raise UsageError("give --grid KEY=[V1,V2,...], e.g. --grid 'lr=[0.01,0.05,0.1]'")
+    check_device_here(args.device)
     seeds = _seeds(args.seeds, "--seeds") if args.seeds is not None else TUNING_SEEDS
     report_seeds = _seeds(args.report_seeds, "--report-seeds") if args.report_seeds is not None else REPORT_SEEDS
     if set(seeds) & set(report_seeds):
