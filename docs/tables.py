@@ -526,20 +526,22 @@ def _search_space(norm: str, defense: str) -> str:
 
 def curve_searches() -> None:
     """Where a search could change the map: at each point and threat model with two defenses or
-    more whose pick stands above chance, every picked defense (the best, or each tied for it)
-    is searched at its tuned lr and the attack found is confirmed on seeds 0-4. A confirmation
-    can change the pick; the next run of this section then lists the new pick's search."""
+    more, every picked defense (the best, or each tied for it) that stands above chance is
+    searched at its tuned lr and the attack found is confirmed on seeds 0-4 (a tied pick at
+    chance cannot fall further; one whose confirmation brought it there stays listed). A confirmation can change the pick; the next run of this
+    section then lists the new pick's search."""
     import hashlib
 
     from robustbn.labels import norm_words
     from robustbn.matrix import expand, read
+    from robustbn.stats import chance as chance_of
     from robustbn.worst import BEST, TIED, defense_map
 
     runs = curve_runs()
     if not runs:
         print(f"No search yet: the searches follow the curves' picks. {tuning_status()}")
         return
-    chance = 1 / 10
+    chance = chance_of(runs[0])
     tuned = {}  # (norm, defense, gamma, f) -> its tuned file
     for path in tuned_files():
         with chdir(ROOT):
@@ -550,7 +552,7 @@ def curve_searches() -> None:
     confirmed = {f for f in curve_confirmations() if all_finished(f)}
     rows, left = [], []
     for c in defense_map(runs, "gamma", "f", TUNED, expected_defenses):
-        if c["verdict"] not in (BEST, TIED) or c["defenses"] < 2 or max(p["worst_acc"] for p in c["picks"]) <= chance + ABOVE_CHANCE:
+        if c["verdict"] not in (BEST, TIED) or c["defenses"] < 2:
             continue
         for p in c["picks"]:
             path = tuned.get((c["norm"], p["defense"], c["gamma"], c["f"]))
@@ -558,6 +560,8 @@ def curve_searches() -> None:
                 continue
             confirm = f"{TUNED_DIR}/{SEARCHED_PREFIX}{Path(path).stem.removeprefix('tuned_')}.toml"
             done = confirm in confirmed
+            if not done and p["worst_acc"] <= chance + ABOVE_CHANCE:
+                continue  # a search cannot lower it; one confirmed already stays listed
             rows.append((c, p, done))
             if not done:
                 sampler = 1000 + int(hashlib.sha256(Path(path).stem.encode()).hexdigest(), 16) % 10**6
@@ -565,8 +569,8 @@ def curve_searches() -> None:
                             f"--sampler-seed {sampler} --db results/board.sqlite --confirm {confirm} && "
                             f"robustbn run {confirm} --db results/board.sqlite")
     print(f"{sum(done for *_, done in rows)} of the {len(rows)} picks a search could change are searched and "
-          f"confirmed (points with two defenses or more whose pick stands more than {100 * ABOVE_CHANCE:g} point "
-          f"above chance; each search on seeds 10 and 11 at the defense's tuned lr, its attack confirmed on seeds "
+          f"confirmed (at points with two defenses or more, each pick standing more than {100 * ABOVE_CHANCE:g} "
+          f"point above chance, or searched already; each search on seeds 10 and 11 at the defense's tuned lr, its attack confirmed on seeds "
           f"0-4, which the curves and the map then count).\n")
     if rows:
         print("| protocol | threat model | gamma | f | pick | worst case now | searched |")

@@ -260,6 +260,55 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     assert "0 of the 0 picks" in capsys.readouterr().out
 
 
+def test_curve_searches_pass_over_a_tied_pick_at_chance(tmp_path, monkeypatch, capsys):
+    """Two defenses tied for best (paired over 5 seeds), one of them at chance: only the other
+    is searched (a search cannot lower a defense at chance)."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import tables
+    from test_worst_case import ATTACKS, BASE, DEFENSES, add
+
+    from robustbn.evaluate import toml_text
+    from robustbn.store import Store, scenario_dict
+    from robustbn.worst import TIED
+
+    tuned_dir = tmp_path / tables.TUNED_DIR
+    tuned_dir.mkdir(parents=True)
+    store = Store(tmp_path / "c.sqlite")
+    for d, defense in enumerate(DEFENSES):
+        values = {**BASE, "norm": "fbn", "f": 3, "gamma": 0.5, "lr": 0.1, "seed": list(range(5)), **DEFENSES[defense]}
+        (tuned_dir / f"tuned_fbn_{defense.replace('+', '_')}.toml").write_text(toml_text(values))
+        for seed in range(5):  # the mean at chance; nnm+median 3.8 points above it, tied (t = 1.9)
+            acc = 0.1 if d == 0 else 0.13 + 0.04 * (-1) ** seed
+            add(store, acc, norm="fbn", f=3, gamma=0.5, lr=0.1, seed=seed, **DEFENSES[defense], **ATTACKS["sf-mean"])
+    runs = store.rows()
+    store.close()
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    monkeypatch.setattr(tables, "curve_runs", lambda x=None: runs)
+    monkeypatch.setattr(tables, "_search_space", lambda norm, defense: f"scenarios/search_{norm}.toml")
+    from robustbn.worst import defense_map
+
+    (cell,) = defense_map(runs, "gamma", "f", tables.TUNED, tables.expected_defenses)
+    assert cell["verdict"] == TIED and len(cell["picks"]) == 2
+    tables.curve_searches()
+    out = capsys.readouterr().out
+    assert "0 of the 1 picks a search could change are searched" in out
+    (command,) = [line for line in out.splitlines() if line.startswith("robustbn attack-search")]
+    assert f"--on {tables.TUNED_DIR}/tuned_fbn_nnm_median.toml" in command
+    # a pick that its own confirmed search brought to chance stays listed, as searched
+    confirm = f"{tables.TUNED_DIR}/searched_worst_fbn_mean.toml"
+    (tmp_path / confirm).write_text("")
+    searched = [{**r, "source": confirm} if r["bn_agg"] == "mean" else r for r in runs]
+    mine = [r for r in searched if r.get("source") == confirm]
+    monkeypatch.setattr(tables, "curve_runs", lambda x=None: searched)
+    monkeypatch.setattr(tables, "planned_scenarios", lambda path: tuple(scenario_dict(r) for r in mine))
+    monkeypatch.setattr(tables, "own_seed_runs", lambda path: mine)
+    tables.curve_searches()
+    out = capsys.readouterr().out
+    assert "1 of the 2 picks a search could change are searched" in out
+    assert "| FBN | root-free | 0.5 | 3 | mean (lr 0.1) | 10.0 | yes |" in out
+
+
 @pytest.mark.parametrize("board_acc, near", [(0.15, True), (0.45, False)])
 def test_the_f_sweeps_level_is_argued_from_the_board_and_the_curves(tmp_path, monkeypatch, capsys, board_acc, near):
     """f_sweep_level: per protocol, the highest root-free worst case on the board (gamma = 0)
