@@ -10,14 +10,19 @@
 # A run finished on any device counts (`robustbn tune --device`), so the CPU's lanes resume where
 # the GPU stopped. Stopped by SIGTERM at LIMIT_S, tune checkpoints its running runs (on the GPU
 # machine, so those few run again). Needs Fashion-MNIST under ROBUSTBN_DATA.
+# SEARCH_S > 0: beside the tuning, each curve search that docs/results.md lists as left (its
+# "searches left" block, generated from the store) runs in a process of its own for SEARCH_S
+# seconds, then its confirmation; the confirmation files come back in the tar (device-free), and a
+# search stopped part-way resumes on any machine from the merged store.
 #
-#   STORE=build/gpu/board.sqlite.gz LIMIT_S=300 REPORT_S=120 JOBS=8 bash benchmarks/gpu_curves.sh
+#   STORE=build/gpu/board.sqlite.gz LIMIT_S=300 REPORT_S=120 SEARCH_S=400 JOBS=8 bash benchmarks/gpu_curves.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-logs}
 store=${STORE:?STORE: the store to resume (a copy of results/board.sqlite)}
 limit=${LIMIT_S:-300}
 report=${REPORT_S:-0}
+search=${SEARCH_S:-0}
 jobs=${JOBS:-8}
 device=${DEVICE:-cuda}  # cpu: a dry run of this script on a machine without a GPU
 tuned=scenarios/tuned/robustness_fmnist
@@ -28,7 +33,24 @@ finished_here() {
   python3 -c "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute(\"SELECT COUNT(*) FROM runs WHERE \
 status IN ('done', 'diverged') AND device = '$device'\").fetchone()[0])" "$store"
 }
+run_search() {  # $1: a search's arguments, $2: its confirmation's (python is timeout's child: it stops cleanly)
+  local end=$((SECONDS + search))
+  timeout -s TERM -k 30 "$search" python3 -m robustbn.cli $1 --device "$device" --quiet || return
+  [ $((end - SECONDS)) -gt 0 ] && timeout -s TERM -k 30 $((end - SECONDS)) python3 -m robustbn.cli $2 \
+    --device "$device" --quiet
+}
 before=$(finished_here)
+logs=$(mktemp -d)
+searches=()
+if [ "$search" -gt 0 ]; then
+  while IFS= read -r line; do
+    find=${line%% && *} confirm=${line#* && }
+    find=${find//results\/board.sqlite/$store} confirm=${confirm//results\/board.sqlite/$store}
+    run_search "${find#robustbn }" "${confirm#robustbn }" >"$logs/search_${#searches[@]}.txt" 2>&1 &
+    searches+=($!)
+  done < <(awk '/^The searches left/ {on = 1} on && /^robustbn attack-search /' docs/results.md)
+  echo "gpu_curves: ${#searches[@]} curve searches started beside the tuning, for $search s"
+fi
 start=$SECONDS
 timeout -s TERM -k 30 "$limit" python3 -m robustbn.cli tune scenarios/robustness_fmnist.toml --grid 'lr=[0.01,0.05,0.1]' \
   --db "$store" --out "$tuned" --jobs "$jobs" --device "$device" --quiet --first 'norm=[fbn,naive]' >"$out/tune.txt" 2>&1
@@ -46,6 +68,11 @@ if [ "$report" -gt 0 ] && ls "$tuned"/tuned_*.toml >/dev/null 2>&1; then
   wall=$((SECONDS - start))
   done_now=$(finished_here)
   echo "gpu_curves: reporting runs exit $rc; $((done_now - after)) runs finished on $device in $wall s"
+fi
+if [ ${#searches[@]} -gt 0 ]; then
+  wait "${searches[@]}"
+  cat "$logs"/search_*.txt >"$out/search.txt"
+  echo "gpu_curves: searches done; confirmation files now: $(ls "$tuned"/searched_worst_*.toml 2>/dev/null | wc -l)"
 fi
 gzip -c "$store" >"$out/board.sqlite.gz"
 tar czf "$out/tuned.tgz" -C "$tuned" .

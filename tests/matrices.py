@@ -1,10 +1,14 @@
 """What the matrix, store and cluster tests share: small scenario settings (seconds per run
 on a CPU) and a fixed torch thread count for bit-for-bit comparisons."""
 
+import json
+import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from robustbn.store import scenario_hash
 
 SCENARIOS = Path(__file__).parent.parent / "scenarios"
 
@@ -45,3 +49,15 @@ def one_line_error(capsys, code: int, *words: str) -> str:
     assert code == 2 and len(lines) == 1 and "Traceback" not in out.err + out.out, out
     assert all(w in lines[0] for w in words), lines[0]
     return lines[0]
+
+
+def as_if_run_on_cuda(db) -> int:
+    """Rewrite every run of the store as a GPU's run of the same scenario (its hash, scenario
+    and device), as a store filled on a GPU machine holds it; the number of runs."""
+    with sqlite3.connect(db) as con:
+        rows = con.execute("SELECT hash, scenario FROM runs").fetchall()
+        for run_hash, text in rows:
+            sc = {**json.loads(text), "device": "cuda"}
+            con.execute("UPDATE runs SET hash = ?, scenario = ?, device = 'cuda' WHERE hash = ?",
+                        (scenario_hash(sc), json.dumps(sc, sort_keys=True), run_hash))
+    return len(rows)

@@ -15,7 +15,7 @@ from robustbn.cli import main
 from robustbn.store import FINISHED, Store, finite_history
 from robustbn.stats import accuracy
 
-from matrices import one_line_error, torch_threads
+from matrices import as_if_run_on_cuda, one_line_error, torch_threads
 
 ROOT = Path(__file__).parent.parent
 
@@ -513,6 +513,38 @@ def test_confirm_writes_the_found_attack_on_the_held_out_seeds(tmp_path, capsys)
     searched = read(path)
     assert all(getattr(scenarios[0], k) == v for k, v in searched.items()
                if k not in ("search", "seed", "lr", "description") and not k.endswith(("_attack", "_attack_params")))
+
+
+def test_a_search_run_on_another_device_resumes_here_and_its_confirmation_is_device_free(tmp_path, capsys, counted):
+    """A search whose runs a GPU made (their hashes the GPU's) is read back on this machine:
+    nothing runs again, the same outcome. --device reaches the runs, not the confirmation file
+    (a run is the same run on any device)."""
+    path = write(tmp_path, BASE + SPACE.format(seed=0))
+    db, confirm = tmp_path / "s.sqlite", tmp_path / "searched_worst_x.toml"
+    before = search(capsys, path, db, "--device", "cpu", "--confirm", str(confirm))
+    assert "device" not in tomllib.loads(confirm.read_text())
+    ran = len(counted)
+    assert ran > 0 and as_if_run_on_cuda(db) == ran
+    again = search(capsys, path, db, "--confirm", str(confirm))
+    assert len(counted) == ran  # every seed run read back from the GPU's rows
+
+    def unhashed(o):  # the outcome names its runs by hash: here the GPU's
+        if isinstance(o, dict):
+            return {k: unhashed(v) for k, v in o.items() if k not in ("hash", "hashes")}
+        return [unhashed(v) for v in o] if isinstance(o, list) else o
+    assert unhashed(again) == unhashed(before) and again != before
+
+
+def test_a_device_this_machine_lacks_is_refused_before_the_store_is_made(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    db = tmp_path / "s.sqlite"
+    path = write(tmp_path, BASE + SPACE.format(seed=0))
+    assert main(["attack-search", str(path), "--db", str(db), "--quiet", "--device", "cuda"]) == 2
+    assert capsys.readouterr().err.strip() == ("robustbn attack-search: --device cuda: CUDA is not available on this "
+                                               "machine; use --device cpu")
+    assert not db.exists()
 
 
 ON = BASE.replace('grad_agg = "mean"', 'grad_agg = "median"') + """lr = 0.03

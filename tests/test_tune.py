@@ -18,7 +18,7 @@ from robustbn.matrix import expand, read
 from robustbn.store import scenario_hash
 from robustbn.tune import Tuning, choose, settled_choices
 
-from matrices import one_line_error
+from matrices import as_if_run_on_cuda, one_line_error
 
 # gamma 1 and 8 rounds: at lr 0.1 the model learns, at lr 1e-4 it cannot move off chance
 MATRIX = {"dataset": "synthetic-images", "model": "simple-cnn", "partition": "gamma", "gamma": 1.0, "n": 7, "f": 2,
@@ -536,20 +536,6 @@ def test_a_search_on_a_tuned_file_keeps_the_attacks_the_search_file_fixes(tmp_pa
     assert (values["bn_mean_attack"], values["bn_var_attack"]) == ("sf", "none")
 
 
-def _as_if_run_on_cuda(db) -> int:
-    """Rewrite every run of the store as a GPU's run of the same scenario (its hash, scenario
-    and device), as a store filled on a GPU machine holds it; the number of runs."""
-    import sqlite3
-
-    with sqlite3.connect(db) as con:
-        rows = con.execute("SELECT hash, scenario FROM runs").fetchall()
-        for run_hash, text in rows:
-            sc = {**json.loads(text), "device": "cuda"}
-            con.execute("UPDATE runs SET hash = ?, scenario = ?, device = 'cuda' WHERE hash = ?",
-                        (scenario_hash(sc), json.dumps(sc, sort_keys=True), run_hash))
-    return len(rows)
-
-
 def test_runs_finished_on_another_device_count_for_the_tuning_and_its_tuned_files(matrix, tmp_path, capsys):
     """A store whose tuning ran on a GPU (tune --device cuda) resumes on a CPU: nothing runs
     again, the choices and tuned files are the same, and the tuned files' runs are done too."""
@@ -563,7 +549,7 @@ def test_runs_finished_on_another_device_count_for_the_tuning_and_its_tuned_file
     files = {p.name: p.read_text() for p in out.glob("tuned_*.toml")}
     median = next(d["file"] for d in before["defenses"] if d["defense"].startswith("median"))
     assert main(["run", median, "--db", str(db), "--quiet"]) == 0
-    runs = _as_if_run_on_cuda(db)
+    runs = as_if_run_on_cuda(db)
     assert runs > 0
     capsys.readouterr()
     assert main(argv) == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from .common import DEFAULT_DB, RAW, UsageError, fail_cleanly, text_table
+from .common import DEFAULT_DB, RAW, UsageError, check_device_here, fail_cleanly, text_table
 
 
 def register(sub) -> None:
@@ -74,11 +74,12 @@ def cmd_attack_search(args) -> int:
         raise UsageError(f"--trials must be >= 1, got {args.trials}")
     if args.checkpoint_every is not None and args.checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every must be >= 0 rounds (0: no checkpoints), got {args.checkpoint_every}")
-    values, space = load(args.file, args.set + ([f"device={args.device}"] if args.device else []), on=args.on,
-                         sampler_seed=args.sampler_seed)
+    check_device_here(args.device)
+    values, space = load(args.file, args.set, on=args.on, sampler_seed=args.sampler_seed)
     store = Store(args.db)
-    try:
-        outcome, code = search(values, space, store, str(args.file), args.trials, progress=not args.quiet,
+    try:  # --device reaches the runs, not the confirmation file (a run is the same run on any device)
+        outcome, code = search({**values, "device": args.device} if args.device else values, space, store,
+                               str(args.file), args.trials, progress=not args.quiet,
                                checkpoint_every=args.checkpoint_every), 0
     except Interrupted as e:
         outcome, code = e.summary, 128 + e.signum
