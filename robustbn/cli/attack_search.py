@@ -41,7 +41,9 @@ def register(sub) -> None:
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field (TOML value, one value), repeatable")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="override the scenario's device")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="run the trials on this device (the confirmation file keeps the scenario's; a run "
+                        "finished on any device counts)")
     p.add_argument("--on", metavar="MATRIX", default=None,
                    help="search the defense of MATRIX at its setting (a file of one defense, its attacks and seeds "
                         "aside: a tuned file of robustbn tune); FILE then gives only the [search] space, whose seeds "
