@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/gpu.sh [tests] [round] [capture] [scale] [aggregators] [checkpoint] [matrix] [shared]   (default: all)
 #
-# Sized for a 15-minute lease: the caps add up to 10.5 minutes (all parts but capture and shared
+# Sized for a 15-minute lease: the caps add up to 11.5 minutes (all parts but capture and shared
 # took 3.5 on one H100, 2026-11-27; capture about 0.5; shared is new, 2026-11-28), and each part
 # is stopped after its own cap (seconds; GPU_SH_CAP_<PART>=N changes one, 0 removes it), so one
 # slow part cannot eat the others' time. The benchmarks print as they go, so a stopped part keeps what it
@@ -20,7 +20,7 @@ mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null || { echo "gpu.sh: python3 has no torch that sees a CUDA device" >&2; exit 2; }
 have_fmnist() { [ -n "${ROBUSTBN_DATA:-}" ] && ls "$ROBUSTBN_DATA"/train-images-idx3-ubyte* >/dev/null 2>&1; }
-declare -A cap=([tests]=120 [round]=90 [capture]=60 [scale]=90 [aggregators]=70 [checkpoint]=30 [matrix]=80 [shared]=90)
+declare -A cap=([tests]=120 [round]=90 [capture]=60 [scale]=90 [aggregators]=70 [checkpoint]=30 [matrix]=80 [shared]=150)
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
   python3 -c "import torch, platform; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', platform.python_version(), torch.cuda.get_device_name())"
@@ -44,7 +44,8 @@ for part in "${parts[@]}"; do
     checkpoint) "${stop[@]}" python3 benchmarks/checkpoint.py --device cuda ;;
     matrix) if have_fmnist; then "${stop[@]}" python3 benchmarks/matrix.py --device cuda --set rounds=100 --every 5 --limit 8 --jobs 1 4
             else echo "matrix: skipped, ROBUSTBN_DATA has no Fashion-MNIST"; fi ;;
-    shared) "${stop[@]}" python3 benchmarks/shared_gpu.py --device cuda --procs 1 8 ;;
+    shared) "${stop[@]}" bash -c "python3 benchmarks/shared_gpu.py --device cuda --procs 1 8 --rules nnm+trmean &&
+              exec python3 benchmarks/shared_gpu.py --device cuda --procs 1 8 --rules dnc --linalg default cusolver magma" ;;
   esac 2>&1 | tee "$out/$part.txt"
   rc=${PIPESTATUS[0]}
   echo "== $part: exit $rc after $((SECONDS - start)) s$(case $rc in 124|137) echo ", stopped at its cap";; esac)" | tee -a "$out/$part.txt" >&2

@@ -3,9 +3,12 @@ matrix's `--jobs K` pays. On one H100 with eight jobs, FixBN's runs with DnC on 
 took 20 times the other defenses' (docs/performance.md, the 2026-11-28 lease), while alone
 DnC's round costs 1.2x nnm+median's. DnC syncs with the host every call
 (`torch.linalg.eigh`); this measures whether a sync costs more when processes time-slice the
-GPU.
+GPU, or whether the solver behind it (MAGMA's hybrid one uses host threads, which eight
+processes oversubscribe) is the cost: `--linalg` sets torch's preferred CUDA linear algebra
+library in each process.
 
     python benchmarks/shared_gpu.py [--device cuda] [--rules nnm+trmean dnc] [--procs 1 8] [--norm fixbn]
+                                    [--linalg default cusolver magma]
 
 Each of K spawned processes builds the same federation (Simple-CNN, n = 10, f = 3, ALIE on
 the gradients, SF on the BN statistics, the rule on every channel), waits at a barrier, runs
@@ -29,8 +32,10 @@ sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
 import torch  # noqa: E402
 
 
-def one_process(rule: str, norm: str, device: str, rounds: int, threads: int, barrier, results) -> None:
+def one_process(rule: str, norm: str, device: str, rounds: int, threads: int, linalg: str, barrier, results) -> None:
     torch.set_num_threads(threads)
+    if linalg != "default":
+        torch.backends.cuda.preferred_linalg_library(linalg)
     from robustbn.data import DataError, load_dataset, partition
     from robustbn.engine import Federation
     from robustbn.protocols import get
@@ -58,12 +63,12 @@ def one_process(rule: str, norm: str, device: str, rounds: int, threads: int, ba
     results.put((time.perf_counter() - start) / rounds)
 
 
-def measure(rule: str, k: int, args) -> list[float]:
+def measure(rule: str, k: int, linalg: str, args) -> list[float]:
     ctx = mp.get_context("spawn")  # CUDA and forked processes do not mix
     barrier, results = ctx.Barrier(k), ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // k)
-    procs = [ctx.Process(target=one_process, args=(rule, args.norm, args.device, args.rounds, threads, barrier,
-                                                    results)) for _ in range(k)]
+    procs = [ctx.Process(target=one_process, args=(rule, args.norm, args.device, args.rounds, threads, linalg,
+                                                    barrier, results)) for _ in range(k)]
     for p in procs:
         p.start()
     out = [results.get() for _ in procs]
@@ -81,22 +86,26 @@ def main() -> None:
     ap.add_argument("--procs", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--norm", default="fixbn")
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--linalg", nargs="+", default=["default"], choices=["default", "cusolver", "magma"],
+                    help="torch.backends.cuda.preferred_linalg_library in each process")
     args = ap.parse_args()
     if any(k < 1 for k in args.procs) or args.rounds < 1:
         ap.error("--procs and --rounds take integers >= 1")
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{os.cpu_count()} CPU cores"
     print(f"# torch {torch.__version__}, {name}; {args.norm}, Simple-CNN, n = 10, f = 3, batch 32; "
           f"{args.rounds} rounds timed per process")
-    print("\n| rule on every channel | processes | s a round (median over them) | rounds a second, all | "
-          "slowdown against the fewest |")
-    print("|---|---|---|---|---|")
+    print("\n| rule on every channel | CUDA linear algebra | processes | s a round (median over them) | "
+          "rounds a second, all | slowdown against the fewest |")
+    print("|---|---|---|---|---|---|")
     for rule in args.rules:
-        alone = None
-        for k in sorted(set(args.procs)):
-            per = measure(rule, k, args)
-            mid = statistics.median(per)
-            alone = mid if alone is None else alone
-            print(f"| {rule} | {k} | {mid:.4f} | {sum(1 / s for s in per):.1f} | {mid / alone:.2f} |", flush=True)
+        for linalg in args.linalg:
+            alone = None
+            for k in sorted(set(args.procs)):
+                per = measure(rule, k, linalg, args)
+                mid = statistics.median(per)
+                alone = mid if alone is None else alone
+                print(f"| {rule} | {linalg} | {k} | {mid:.4f} | {sum(1 / s for s in per):.1f} | {mid / alone:.2f} |",
+                      flush=True)
 
 
 if __name__ == "__main__":
