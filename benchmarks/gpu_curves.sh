@@ -13,7 +13,9 @@
 # SEARCH_S > 0: beside the tuning, each curve search that docs/results.md lists as left (its
 # "searches left" block, generated from the store) runs in a process of its own for SEARCH_S
 # seconds, then its confirmation; the confirmation files come back in the tar (device-free), and a
-# search stopped part-way resumes on any machine from the merged store.
+# search stopped part-way resumes on any machine from the merged store (its finished trial runs
+# read back; a trial run it stopped early, or was running, runs again). The paces printed count
+# each phase's own runs (by their file), though the searches share the GPU with them.
 #
 #   STORE=build/gpu/board.sqlite.gz LIMIT_S=300 REPORT_S=120 SEARCH_S=400 JOBS=8 bash benchmarks/gpu_curves.sh
 set -uo pipefail
@@ -29,26 +31,32 @@ tuned=scenarios/tuned/robustness_fmnist
 mkdir -p "$out"
 case "$store" in *.gz) gunzip -kf "$store"; store=${store%.gz} ;; esac
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-finished_here() {
+finished_here() {  # $1: a LIKE pattern of the runs' file (tuning, tuned files, searches)
   python3 -c "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute(\"SELECT COUNT(*) FROM runs WHERE \
-status IN ('done', 'diverged') AND device = '$device'\").fetchone()[0])" "$store"
+status IN ('done', 'diverged') AND device = ? AND source LIKE ?\", sys.argv[2:]).fetchone()[0])" "$store" "$device" "$1"
 }
-run_search() {  # $1: a search's arguments, $2: its confirmation's (python is timeout's child: it stops cleanly)
-  local end=$((SECONDS + search))
-  timeout -s TERM -k 30 "$search" python3 -m robustbn.cli $1 --device "$device" --quiet || return
-  [ $((end - SECONDS)) -gt 0 ] && timeout -s TERM -k 30 $((end - SECONDS)) python3 -m robustbn.cli $2 \
-    --device "$device" --quiet
+run_search() {  # a line of results.md's searches left: the search, then its confirmation, on the store copy
+  local end=$((SECONDS + search)) find confirm rc
+  read -ra find <<<"${1%% && *}"
+  read -ra confirm <<<"${1#* && }"
+  find=("${find[@]/#results\/board.sqlite/"$store"}") confirm=("${confirm[@]/#results\/board.sqlite/"$store"}")
+  # python is timeout's own child: SIGTERM reaches it, and it stops checkpointed
+  timeout -s TERM -k 30 "$search" python3 -m robustbn.cli "${find[@]:1}" --device "$device" --quiet
+  rc=$?
+  [ "$rc" -le 1 ] || return "$rc"  # 1: a trial failed, but the search ended and wrote its confirmation file
+  [ $((end - SECONDS)) -gt 0 ] && timeout -s TERM -k 30 $((end - SECONDS)) python3 -m robustbn.cli \
+    "${confirm[@]:1}" --device "$device" --quiet
 }
-before=$(finished_here)
+tuning_before=$(finished_here '%/tune_%') reporting_before=$(finished_here '%/tuned_%')
+searched_before=$(finished_here '%search%')
 logs=$(mktemp -d)
 searches=()
 if [ "$search" -gt 0 ]; then
   while IFS= read -r line; do
-    find=${line%% && *} confirm=${line#* && }
-    find=${find//results\/board.sqlite/$store} confirm=${confirm//results\/board.sqlite/$store}
-    run_search "${find#robustbn }" "${confirm#robustbn }" >"$logs/search_${#searches[@]}.txt" 2>&1 &
+    run_search "$line" >"$logs/search_${#searches[@]}.txt" 2>&1 &
     searches+=($!)
-  done < <(awk '/^The searches left/ {on = 1} on && /^robustbn attack-search /' docs/results.md)
+  done < <(awk '/^The searches left/ {on = 1} on && /^```/ && ++fences == 2 {exit} on && /^robustbn attack-search /' \
+           docs/results.md)
   echo "gpu_curves: ${#searches[@]} curve searches started beside the tuning, for $search s"
 fi
 start=$SECONDS
@@ -56,23 +64,24 @@ timeout -s TERM -k 30 "$limit" python3 -m robustbn.cli tune scenarios/robustness
   --db "$store" --out "$tuned" --jobs "$jobs" --device "$device" --quiet --first 'norm=[fbn,naive]' >"$out/tune.txt" 2>&1
 rc=$?
 wall=$((SECONDS - start))
-after=$(finished_here)
+tuned_runs=$(( $(finished_here '%/tune_%') - tuning_before ))
 tail -n 5 "$out/tune.txt"
-echo "gpu_curves: tune exit $rc; $((after - before)) runs finished on $device in $wall s with $jobs jobs" \
-     "($(( (after - before) * 3600 / (wall > 0 ? wall : 1) )) runs per hour, the start and the stop included)"
+echo "gpu_curves: tune exit $rc; $tuned_runs runs finished on $device in $wall s with $jobs jobs" \
+     "($(( tuned_runs * 3600 / (wall > 0 ? wall : 1) )) runs per hour, the start and the stop included)"
 if [ "$report" -gt 0 ] && ls "$tuned"/tuned_*.toml >/dev/null 2>&1; then
   start=$SECONDS
   timeout -s TERM -k 30 "$report" python3 -m robustbn.cli run "$tuned"/tuned_*.toml --db "$store" --jobs "$jobs" \
     --device "$device" --quiet >"$out/report.txt" 2>&1
   rc=$?
   wall=$((SECONDS - start))
-  done_now=$(finished_here)
-  echo "gpu_curves: reporting runs exit $rc; $((done_now - after)) runs finished on $device in $wall s"
+  echo "gpu_curves: reporting runs exit $rc; $(( $(finished_here '%/tuned_%') - reporting_before )) runs finished" \
+       "on $device in $wall s"
 fi
 if [ ${#searches[@]} -gt 0 ]; then
   wait "${searches[@]}"
   cat "$logs"/search_*.txt >"$out/search.txt"
-  echo "gpu_curves: searches done; confirmation files now: $(ls "$tuned"/searched_worst_*.toml 2>/dev/null | wc -l)"
+  echo "gpu_curves: searches done: $(( $(finished_here '%search%') - searched_before )) of their runs finished" \
+       "(trials and confirmations); confirmation files now: $(ls "$tuned"/searched_worst_*.toml 2>/dev/null | wc -l)"
 fi
 gzip -c "$store" >"$out/board.sqlite.gz"
 tar czf "$out/tuned.tgz" -C "$tuned" .

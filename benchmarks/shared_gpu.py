@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import sys
 import time
@@ -33,6 +34,16 @@ import torch  # noqa: E402
 
 
 def one_process(rule: str, norm: str, device: str, rounds: int, threads: int, linalg: str, barrier, results) -> None:
+    """Time `rounds` rounds once every process is ready; the seconds a round, or the error,
+    go on `results` (a failure breaks the barrier: the others stop too, not wait)."""
+    try:
+        results.put(("ok", _timed_rounds(rule, norm, device, rounds, threads, linalg, barrier)))
+    except BaseException as e:  # noqa: BLE001 (the parent reports it)
+        barrier.abort()
+        results.put(("error", f"{type(e).__name__}: {e}"))
+
+
+def _timed_rounds(rule, norm, device, rounds, threads, linalg, barrier) -> float:
     torch.set_num_threads(threads)
     if linalg != "default":
         torch.backends.cuda.preferred_linalg_library(linalg)
@@ -55,27 +66,41 @@ def one_process(rule: str, norm: str, device: str, rounds: int, threads: int, li
     for _ in range(3):
         fed.step()
     sync()
-    barrier.wait()
+    barrier.wait(timeout=600)
     start = time.perf_counter()
     for _ in range(rounds):
         fed.step()
     sync()
-    results.put((time.perf_counter() - start) / rounds)
+    return (time.perf_counter() - start) / rounds
 
 
 def measure(rule: str, k: int, linalg: str, args) -> list[float]:
+    """Each of k processes' seconds a round; SystemExit naming the first failure (the others
+    are stopped)."""
     ctx = mp.get_context("spawn")  # CUDA and forked processes do not mix
     barrier, results = ctx.Barrier(k), ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // k)
     procs = [ctx.Process(target=one_process, args=(rule, args.norm, args.device, args.rounds, threads, linalg,
-                                                    barrier, results)) for _ in range(k)]
+                                                    barrier, results), daemon=True) for _ in range(k)]
     for p in procs:
         p.start()
-    out = [results.get() for _ in procs]
+    out = []
+    while len(out) < k:
+        try:
+            status, value = results.get(timeout=5)
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead and results.empty():  # died without a word (killed, out of memory)
+                status, value = "error", f"a process exited with {dead[0]}"
+            else:
+                continue
+        if status == "error":
+            for p in procs:
+                p.terminate()
+            raise SystemExit(f"shared_gpu: {rule} ({linalg}), {k} processes: {value}")
+        out.append(value)
     for p in procs:
         p.join()
-        if p.exitcode:
-            raise SystemExit(f"shared_gpu: a process for {rule} exited with {p.exitcode}")
     return out
 
 

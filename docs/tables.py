@@ -528,7 +528,8 @@ def curve_searches() -> None:
     """Where a search could change the map: at each point and threat model with two defenses or
     more, every picked defense (the best, or each tied for it) that stands above chance is
     searched at its tuned lr and the attack found is confirmed on seeds 0-4 (a tied pick at
-    chance cannot fall further; one whose confirmation brought it there stays listed). A confirmation can change the pick; the next run of this
+    chance has nothing left for the map to lose; one whose confirmation brought it there stays
+    listed). A confirmation can change the pick; the next run of this
     section then lists the new pick's search."""
     import hashlib
 
@@ -561,7 +562,7 @@ def curve_searches() -> None:
             confirm = f"{TUNED_DIR}/{SEARCHED_PREFIX}{Path(path).stem.removeprefix('tuned_')}.toml"
             done = confirm in confirmed
             if not done and p["worst_acc"] <= chance + ABOVE_CHANCE:
-                continue  # a search cannot lower it; one confirmed already stays listed
+                continue  # broken already: nothing a search finds changes the map
             rows.append((c, p, done))
             if not done:
                 sampler = 1000 + int(hashlib.sha256(Path(path).stem.encode()).hexdigest(), 16) % 10**6

@@ -58,7 +58,7 @@ from .channels import CHANNELS, expand_channels
 from .matrix import FIELDS, MatrixError, alternatives, expand, parse_override, read
 from .scenario import RESERVED_PARAMS, Scenario, type_names
 from .stats import accuracy
-from .store import FINISHED, Store, finite_history, same_run_hashes, scenario_hash
+from .store import FINISHED, Store, finite_history, same_runs, scenario_hash
 
 SEARCH_KEYS = ("trials", "seed", "seeds", "prune_from", "prune_margin", *CHANNELS)
 OBJECTIVE = ("the trial's mean over its seeds of the final test accuracy (the last evaluation); a diverged run "
@@ -726,9 +726,10 @@ def _seed_run(ctx: _Context, sc: Scenario, number: int, bound: _Bound) -> SeedRu
     values = sc.to_dict()
     run_hash = scenario_hash(values)
     row = _row(ctx.store, run_hash)
-    if row is None or row[0] not in FINISHED:  # finished on another device: the same run, read back
-        elsewhere = ((h, r) for h in same_run_hashes(values)[1:] if (r := _row(ctx.store, h)) and r[0] in FINISHED)
-        run_hash, row = next(elsewhere, (run_hash, row))
+    if row is None or row[0] not in FINISHED:  # finished on another device: the same run, read back as it ran
+        found = ((v, h, r) for v in same_runs(values)[1:] if (r := _row(ctx.store, h := scenario_hash(v)))
+                 and r[0] in FINISHED)
+        values, run_hash, row = next(found, (values, run_hash, row))
     if row is not None and row[0] == "pruned" and bound.first_stop(row[1]) is None:
         row = None  # stopped under other settings: this search runs it on
     if row is None or row[0] not in (*FINISHED, "pruned"):

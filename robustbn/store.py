@@ -94,10 +94,15 @@ def scenario_hash(scenario: dict[str, Any], engine: str = "robustbn") -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:20]
 
 
+def same_runs(scenario: dict[str, Any]) -> list[dict[str, Any]]:
+    """One run's scenario on every device in DEVICES, its own device's first."""
+    own = scenario.get("device", "cpu")
+    return [{**scenario, "device": d} for d in dict.fromkeys((own, *DEVICES))]
+
+
 def same_run_hashes(scenario: dict[str, Any], engine: str = "robustbn") -> list[str]:
     """The hashes of one run on every device in DEVICES, its own device's first."""
-    own = scenario.get("device", "cpu")
-    return [scenario_hash({**scenario, "device": d}, engine) for d in dict.fromkeys((own, *DEVICES))]
+    return [scenario_hash(sc, engine) for sc in same_runs(scenario)]
 
 
 def versions() -> dict[str, str]:

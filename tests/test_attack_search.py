@@ -518,21 +518,25 @@ def test_confirm_writes_the_found_attack_on_the_held_out_seeds(tmp_path, capsys)
 def test_a_search_run_on_another_device_resumes_here_and_its_confirmation_is_device_free(tmp_path, capsys, counted):
     """A search whose runs a GPU made (their hashes the GPU's) is read back on this machine:
     nothing runs again, the same outcome. --device reaches the runs, not the confirmation file
-    (a run is the same run on any device)."""
-    path = write(tmp_path, BASE + SPACE.format(seed=0))
+    (a run is the same run on any device): a file set for a GPU is searched here on the CPU,
+    and its confirmation file still names the GPU."""
+    path = write(tmp_path, BASE + 'device = "cuda"\n' + SPACE.format(seed=0))
     db, confirm = tmp_path / "s.sqlite", tmp_path / "searched_worst_x.toml"
     before = search(capsys, path, db, "--device", "cpu", "--confirm", str(confirm))
-    assert "device" not in tomllib.loads(confirm.read_text())
+    assert tomllib.loads(confirm.read_text())["device"] == "cuda"
+    with sqlite3.connect(db) as con:
+        assert {d for (d,) in con.execute("SELECT device FROM runs")} == {"cpu"}
     ran = len(counted)
     assert ran > 0 and as_if_run_on_cuda(db) == ran
-    again = search(capsys, path, db, "--confirm", str(confirm))
+    again = search(capsys, path, db, "--device", "cpu", "--confirm", str(confirm))
     assert len(counted) == ran  # every seed run read back from the GPU's rows
 
-    def unhashed(o):  # the outcome names its runs by hash: here the GPU's
+    def unhashed(o):  # the outcome names its runs by hash and device: here the GPU's
         if isinstance(o, dict):
-            return {k: unhashed(v) for k, v in o.items() if k not in ("hash", "hashes")}
+            return {k: unhashed(v) for k, v in o.items() if k not in ("hash", "hashes", "device")}
         return [unhashed(v) for v in o] if isinstance(o, list) else o
-    assert unhashed(again) == unhashed(before) and again != before
+    assert unhashed(again) == unhashed(before)
+    assert (before["worst"]["device"], again["worst"]["device"]) == ("cpu", "cuda")
 
 
 def test_a_device_this_machine_lacks_is_refused_before_the_store_is_made(tmp_path, capsys, monkeypatch):

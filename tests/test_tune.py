@@ -591,3 +591,5 @@ def test_a_device_this_machine_lacks_is_refused_before_anything_is_written(comma
     assert capsys.readouterr().err.strip() == (f"robustbn {command}: --device cuda: CUDA is not available on this "
                                                f"machine; use --device cpu")
     assert not db.exists() and not out.exists()
+    if command == "tune":  # a plan runs nothing: it needs no GPU
+        assert main([*argv, "--plan"]) == 0

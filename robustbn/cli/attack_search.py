@@ -77,11 +77,11 @@ def cmd_attack_search(args) -> int:
     if args.checkpoint_every is not None and args.checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every must be >= 0 rounds (0: no checkpoints), got {args.checkpoint_every}")
     check_device_here(args.device)
-    values, space = load(args.file, args.set, on=args.on, sampler_seed=args.sampler_seed)
+    values, space = load(args.file, args.set + ([f"device={args.device}"] if args.device else []), on=args.on,
+                         sampler_seed=args.sampler_seed)
     store = Store(args.db)
-    try:  # --device reaches the runs, not the confirmation file (a run is the same run on any device)
-        outcome, code = search({**values, "device": args.device} if args.device else values, space, store,
-                               str(args.file), args.trials, progress=not args.quiet,
+    try:
+        outcome, code = search(values, space, store, str(args.file), args.trials, progress=not args.quiet,
                                checkpoint_every=args.checkpoint_every), 0
     except Interrupted as e:
         outcome, code = e.summary, 128 + e.signum
@@ -113,6 +113,9 @@ def _write_confirmation(args, values: dict, outcome_json: dict) -> None:
     from ..matrix import carried_search_path
     from ..search import defense_of
 
+    if args.device:  # --device reached the runs; the file keeps the setting's own (a run is the same on any)
+        own = _setting_device(args)
+        values = {**{k: v for k, v in values.items() if k != "device"}, **({"device": own} if own else {})}
     # --on MATRIX: confirmed on MATRIX's seeds, so that its runs join MATRIX's cells
     seeds = defense_of(args.on)[1] if args.on else None
     confirm = confirmation_values(Path(args.file), outcome_json, values, seeds)
@@ -122,3 +125,19 @@ def _write_confirmation(args, values: dict, outcome_json: dict) -> None:
     confirm = carried_search_path(confirm, Path(args.file).resolve().parent, Path(args.confirm).parent)
     Path(args.confirm).write_text(toml_text(confirm), encoding="utf-8")
     print(f"confirmation file: {args.confirm} (robustbn run it)", file=sys.stderr)
+
+
+def _setting_device(args) -> str | None:
+    """The device the search's setting names without --device: a --set's, else --on MATRIX's
+    (its fields replace the search file's), else the search file's; None where none does. Read
+    unchecked: this machine need not have it."""
+    import tomllib
+    from pathlib import Path
+
+    from ..matrix import parse_override
+
+    for text in reversed(args.set):
+        key, value = parse_override(text)
+        if key == "device":
+            return value
+    return tomllib.loads(Path(args.on or args.file).read_text(encoding="utf-8")).get("device")

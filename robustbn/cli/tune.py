@@ -201,7 +201,8 @@ def cmd_tune(args) -> int:
         raise UsageError("--first orders the pruned waves; --full runs every run at once: give one of them")
     if not args.grid:
         raise UsageError("give --grid KEY=[V1,V2,...], e.g. --grid 'lr=[0.01,0.05,0.1]'")
-    check_device_here(args.device)
+    if not args.plan:  # a plan runs nothing
+        check_device_here(args.device)
     seeds = _seeds(args.seeds, "--seeds") if args.seeds is not None else TUNING_SEEDS
     report_seeds = _seeds(args.report_seeds, "--report-seeds") if args.report_seeds is not None else REPORT_SEEDS
     if set(seeds) & set(report_seeds):
