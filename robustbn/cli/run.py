@@ -72,10 +72,11 @@ def run_and_report(values_scenarios, source, args, label: str = "", checked: boo
         if not (0 < args.cpus_per_run < math.inf and 0 <= args.gpus_per_run < math.inf) or args.retries < 0:
             raise UsageError("--cpus-per-run must be > 0, --gpus-per-run >= 0 and --retries >= 0")
         ray_options = RayOptions(args.address, args.cpus_per_run, args.gpus_per_run, args.retries)
-    else:
-        if getattr(args, "address", None):
-            raise UsageError("--address is for --executor ray")
-        check_device_here(args.device)  # Ray's workers may have the GPU this machine lacks
+    elif getattr(args, "address", None):
+        raise UsageError("--address is for --executor ray")
+    # with Ray too: each scenario is checked here, where the driver runs (a CPU-only head node cannot send runs
+    # to GPU workers yet)
+    check_device_here(args.device)
     store = Store(args.db)
     try:
         summary = run_matrix(scenarios, store, source=source, jobs=args.jobs, device=args.device,
