@@ -93,18 +93,28 @@ def lexargmin(primary: torch.Tensor, secondary: torch.Tensor, valid: torch.Tenso
     return (candidates & (q == q.min())).to(torch.uint8).argmax()
 
 
+# Up to this many entries, a GPU's eigendecomposition is solved on the host: for the (n, n) Gram
+# matrices of a federation one copy costs less than cuSOLVER's several host round trips, which
+# wait the longest where other processes share the GPU (benchmarks/shared_gpu.py). 0: never.
+HOST_EIGH_MAX_ENTRIES = 1 << 16
+
+
 def _eigh(m: torch.Tensor, vectors: bool = True):
     """Eigenvalues (ascending) and, with `vectors`, eigenvectors of the symmetric matrices m
-    (..., k, k). LAPACK's solvers fail to converge on some matrices of tiny or huge entries
-    with repeated eigenvalues (e.g. duplicated rows after NNM), so each matrix is symmetrized,
-    divided by its largest |entry| and solved in float64; the eigenvalues are scaled back."""
+    (..., k, k), on m's device. LAPACK's solvers fail to converge on some matrices of tiny or
+    huge entries with repeated eigenvalues (e.g. duplicated rows after NNM), so each matrix is
+    symmetrized, divided by its largest |entry| and solved in float64; the eigenvalues are
+    scaled back. Small matrices on a GPU are solved on the host (HOST_EIGH_MAX_ENTRIES)."""
     m = torch.nan_to_num(((m + m.mT) / 2).double(), nan=0.0, posinf=0.0, neginf=0.0)  # NaN: LAPACK raises
     scale = m.abs().amax(dim=(-2, -1), keepdim=True)
     m = m / torch.where(scale > 0, scale, torch.ones_like(scale))
+    device = m.device
+    if device.type != "cpu" and m.numel() <= HOST_EIGH_MAX_ENTRIES:
+        m = m.cpu()
     if vectors:
         evals, evecs = torch.linalg.eigh(m)
-        return evals * scale[..., 0], evecs
-    return torch.linalg.eigvalsh(m) * scale[..., 0]
+        return evals.to(device) * scale[..., 0], evecs.to(device)
+    return torch.linalg.eigvalsh(m).to(device) * scale[..., 0]
 
 
 @functools.lru_cache(maxsize=4)  # up to C(n, f) x (n - f) indices each, kept on the device

@@ -3,12 +3,13 @@ matrix's `--jobs K` pays. On one H100 with eight jobs, FixBN's runs with DnC on 
 took 20 times the other defenses' (docs/performance.md, the 2026-11-28 lease), while alone
 DnC's round costs 1.2x nnm+median's. DnC syncs with the host every call
 (`torch.linalg.eigh`); this measures whether a sync costs more when processes time-slice the
-GPU, or whether the solver behind it (MAGMA's hybrid one uses host threads, which eight
-processes oversubscribe) is the cost: `--linalg` sets torch's preferred CUDA linear algebra
-library in each process.
+GPU. `--eigh` picks where the rules' small eigendecompositions are solved: `host` (the
+default since 2026-11-28: one copy to the CPU and back, aggregators.catalogue.HOST_EIGH_MAX_ENTRIES),
+or on the GPU with torch's `cusolver` or `magma` (MAGMA's hybrid solver uses host threads,
+which eight processes would oversubscribe).
 
     python benchmarks/shared_gpu.py [--device cuda] [--rules nnm+trmean dnc] [--procs 1 8] [--norm fixbn]
-                                    [--linalg default cusolver magma]
+                                    [--eigh host cusolver magma]
 
 Each of K spawned processes builds the same federation (Simple-CNN, n = 10, f = 3, ALIE on
 the gradients, SF on the BN statistics, the rule on every channel), waits at a barrier, runs
@@ -33,20 +34,23 @@ sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
 import torch  # noqa: E402
 
 
-def one_process(rule: str, norm: str, device: str, rounds: int, threads: int, linalg: str, barrier, results) -> None:
+def one_process(rule: str, norm: str, device: str, rounds: int, threads: int, eigh: str, barrier, results) -> None:
     """Time `rounds` rounds once every process is ready; the seconds a round, or the error,
     go on `results` (a failure breaks the barrier: the others stop too, not wait)."""
     try:
-        results.put(("ok", _timed_rounds(rule, norm, device, rounds, threads, linalg, barrier)))
+        results.put(("ok", _timed_rounds(rule, norm, device, rounds, threads, eigh, barrier)))
     except BaseException as e:  # noqa: BLE001 (the parent reports it)
         barrier.abort()
         results.put(("error", f"{type(e).__name__}: {e}"))
 
 
-def _timed_rounds(rule, norm, device, rounds, threads, linalg, barrier) -> float:
+def _timed_rounds(rule, norm, device, rounds, threads, eigh, barrier) -> float:
     torch.set_num_threads(threads)
-    if linalg != "default":
-        torch.backends.cuda.preferred_linalg_library(linalg)
+    if eigh != "host":
+        from aggregators import catalogue
+
+        catalogue.HOST_EIGH_MAX_ENTRIES = 0  # every eigendecomposition on the device, as before 2026-11-28
+        torch.backends.cuda.preferred_linalg_library(eigh)
     from robustbn.data import DataError, load_dataset, partition
     from robustbn.engine import Federation
     from robustbn.protocols import get
@@ -74,13 +78,13 @@ def _timed_rounds(rule, norm, device, rounds, threads, linalg, barrier) -> float
     return (time.perf_counter() - start) / rounds
 
 
-def measure(rule: str, k: int, linalg: str, args) -> list[float]:
+def measure(rule: str, k: int, eigh: str, args) -> list[float]:
     """Each of k processes' seconds a round; SystemExit naming the first failure (the others
     are stopped)."""
     ctx = mp.get_context("spawn")  # CUDA and forked processes do not mix
     barrier, results = ctx.Barrier(k), ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // k)
-    procs = [ctx.Process(target=one_process, args=(rule, args.norm, args.device, args.rounds, threads, linalg,
+    procs = [ctx.Process(target=one_process, args=(rule, args.norm, args.device, args.rounds, threads, eigh,
                                                     barrier, results), daemon=True) for _ in range(k)]
     for p in procs:
         p.start()
@@ -97,7 +101,7 @@ def measure(rule: str, k: int, linalg: str, args) -> list[float]:
         if status == "error":
             for p in procs:
                 p.terminate()
-            raise SystemExit(f"shared_gpu: {rule} ({linalg}), {k} processes: {value}")
+            raise SystemExit(f"shared_gpu: {rule} (eigh on {eigh}), {k} processes: {value}")
         out.append(value)
     for p in procs:
         p.join()
@@ -111,25 +115,25 @@ def main() -> None:
     ap.add_argument("--procs", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--norm", default="fixbn")
     ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--linalg", nargs="+", default=["default"], choices=["default", "cusolver", "magma"],
-                    help="torch.backends.cuda.preferred_linalg_library in each process")
+    ap.add_argument("--eigh", nargs="+", default=["host"], choices=["host", "cusolver", "magma"],
+                    help="where small eigendecompositions are solved: the host, or the GPU with this library")
     args = ap.parse_args()
     if any(k < 1 for k in args.procs) or args.rounds < 1:
         ap.error("--procs and --rounds take integers >= 1")
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{os.cpu_count()} CPU cores"
     print(f"# torch {torch.__version__}, {name}; {args.norm}, Simple-CNN, n = 10, f = 3, batch 32; "
           f"{args.rounds} rounds timed per process")
-    print("\n| rule on every channel | CUDA linear algebra | processes | s a round (median over them) | "
+    print("\n| rule on every channel | eigendecompositions | processes | s a round (median over them) | "
           "rounds a second, all | slowdown against the fewest |")
     print("|---|---|---|---|---|---|")
     for rule in args.rules:
-        for linalg in args.linalg:
+        for eigh in args.eigh:
             alone = None
             for k in sorted(set(args.procs)):
-                per = measure(rule, k, linalg, args)
+                per = measure(rule, k, eigh, args)
                 mid = statistics.median(per)
                 alone = mid if alone is None else alone
-                print(f"| {rule} | {linalg} | {k} | {mid:.4f} | {sum(1 / s for s in per):.1f} | {mid / alone:.2f} |",
+                print(f"| {rule} | {eigh} | {k} | {mid:.4f} | {sum(1 / s for s in per):.1f} | {mid / alone:.2f} |",
                       flush=True)
 
 

@@ -268,6 +268,24 @@ def test_cuda_matches_cpu(spec):
         torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("shape", [(10, 10), (120, 7, 7)])
+def test_cuda_eigh_on_the_host_matches_cusolver(shape, monkeypatch):
+    """A small matrix on a GPU is solved on the host (one copy, not cuSOLVER's round trips):
+    the same eigenvalues and top eigenvector (up to sign) as on the device, returned there."""
+    from aggregators import catalogue
+
+    a = torch.randn(*shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64).cuda()
+    m = a @ a.mT
+    host_vals, host_vecs = catalogue._eigh(m)
+    monkeypatch.setattr(catalogue, "HOST_EIGH_MAX_ENTRIES", 0)
+    dev_vals, dev_vecs = catalogue._eigh(m)
+    assert host_vals.device.type == host_vecs.device.type == "cuda"
+    torch.testing.assert_close(host_vals, dev_vals, rtol=1e-9, atol=1e-9)
+    top = lambda v: v[..., -1] * torch.sign(v[..., :1, -1])
+    torch.testing.assert_close(top(host_vecs), top(dev_vecs), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("spec, f, n, message", [
     ("trmean", 5, 10, "needs 2f < n"),
     ("median", 5, 10, "needs f < n/2"),
