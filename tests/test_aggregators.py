@@ -284,6 +284,9 @@ def test_cuda_eigh_on_the_host_matches_cusolver(shape, monkeypatch):
     torch.testing.assert_close(host_vals, dev_vals, rtol=1e-9, atol=1e-9)
     top = lambda v: v[..., -1] * torch.sign(v[..., :1, -1])
     torch.testing.assert_close(top(host_vecs), top(dev_vecs), rtol=1e-6, atol=1e-6)
+    monkeypatch.undo()  # under torch.vmap too (the engine batches the BN layers' rules)
+    batched = torch.vmap(lambda g: catalogue._eigh(g, vectors=False))(m.reshape(-1, *shape[-2:])[:, None])
+    torch.testing.assert_close(batched[:, 0], dev_vals.reshape(-1, shape[-1]), rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("spec, f, n, message", [
