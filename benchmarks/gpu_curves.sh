@@ -14,7 +14,7 @@
 # "searches left" block, generated from the store) runs in a process of its own for SEARCH_S
 # seconds, then its confirmation; the confirmation files come back in the tar (device-free), and a
 # search stopped part-way resumes on any machine from the merged store (its finished trial runs
-# read back; a trial run it stopped early, or was running, runs again). The paces printed count
+# and those it stopped early are read back; the one it was running runs again). The paces printed count
 # each phase's own runs (by their file), though the searches share the GPU with them.
 #
 #   STORE=build/gpu/board.sqlite.gz LIMIT_S=300 REPORT_S=120 SEARCH_S=400 JOBS=8 bash benchmarks/gpu_curves.sh

@@ -726,10 +726,12 @@ def _seed_run(ctx: _Context, sc: Scenario, number: int, bound: _Bound) -> SeedRu
     values = sc.to_dict()
     run_hash = scenario_hash(values)
     row = _row(ctx.store, run_hash)
-    if row is None or row[0] not in FINISHED:  # finished on another device: the same run, read back as it ran
-        found = ((v, h, r) for v in same_runs(values)[1:] if (r := _row(ctx.store, h := scenario_hash(v)))
-                 and r[0] in FINISHED)
-        values, run_hash, row = next(found, (values, run_hash, row))
+    if row is None or row[0] not in FINISHED:  # the same run on another device: read back as it ran there
+        there = [(v, h, r) for v in same_runs(values)[1:] if (r := _row(ctx.store, h := scenario_hash(v)))]
+        done = [o for o in there if o[2][0] in FINISHED]
+        stopped = [o for o in there if o[2][0] == "pruned" and bound.first_stop(o[2][1]) is not None]
+        if done or stopped and (row is None or row[0] != "pruned"):
+            values, run_hash, row = (done or stopped)[0]
     if row is not None and row[0] == "pruned" and bound.first_stop(row[1]) is None:
         row = None  # stopped under other settings: this search runs it on
     if row is None or row[0] not in (*FINISHED, "pruned"):

@@ -539,6 +539,21 @@ def test_a_search_run_on_another_device_resumes_here_and_its_confirmation_is_dev
     assert (before["worst"]["device"], again["worst"]["device"]) == ("cpu", "cuda")
 
 
+def test_a_search_reads_back_the_runs_another_device_stopped_early(tmp_path, capsys, counted):
+    """A trial run stopped on its curve on a GPU (stored `pruned`) is read back here with its
+    bound, as a finished one is: nothing runs again."""
+    text = BASE + SPACE.format(seed=0).replace("seed = 0", "seed = 0\nprune_from = 0.5\nprune_margin = 0.0")
+    db = tmp_path / "s.sqlite"
+    before = search(capsys, write(tmp_path, text), db)
+    assert before["pruned"] > 0
+    ran = len(counted)
+    as_if_run_on_cuda(db)
+    again = search(capsys, write(tmp_path, text), db)
+    assert len(counted) == ran
+    assert [(t["status"], t.get("bound"), t.get("final_acc")) for t in again["tried"]] == \
+        [(t["status"], t.get("bound"), t.get("final_acc")) for t in before["tried"]]
+
+
 def test_a_device_this_machine_lacks_is_refused_before_the_store_is_made(tmp_path, capsys, monkeypatch):
     import torch
 
