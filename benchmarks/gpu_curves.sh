@@ -31,9 +31,9 @@ tuned=scenarios/tuned/robustness_fmnist
 mkdir -p "$out"
 case "$store" in *.gz) gunzip -kf "$store"; store=${store%.gz} ;; esac
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-finished_here() {  # $1: a LIKE pattern of the runs' file (tuning, tuned files, searches)
+finished_here() {  # $1: a GLOB pattern of the runs' file (tuning, tuned files, searches; LIKE's _ is a wildcard)
   python3 -c "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute(\"SELECT COUNT(*) FROM runs WHERE \
-status IN ('done', 'diverged') AND device = ? AND source LIKE ?\", sys.argv[2:]).fetchone()[0])" "$store" "$device" "$1"
+status IN ('done', 'diverged') AND device = ? AND source GLOB ?\", sys.argv[2:]).fetchone()[0])" "$store" "$device" "$1"
 }
 run_search() {  # a line of results.md's searches left: the search, then its confirmation, on the store copy
   local end=$((SECONDS + search)) find confirm rc
@@ -47,8 +47,8 @@ run_search() {  # a line of results.md's searches left: the search, then its con
   [ $((end - SECONDS)) -gt 0 ] && timeout -s TERM -k 30 $((end - SECONDS)) python3 -m robustbn.cli \
     "${confirm[@]:1}" --device "$device" --quiet
 }
-tuning_before=$(finished_here '%/tune_%') reporting_before=$(finished_here '%/tuned_%')
-searched_before=$(finished_here '%search%')
+tuning_before=$(finished_here '*/tune_*') reporting_before=$(finished_here '*/tuned_*')
+searched_before=$(finished_here '*search*')
 logs=$(mktemp -d)
 searches=()
 if [ "$search" -gt 0 ]; then
@@ -64,7 +64,7 @@ timeout -s TERM -k 30 "$limit" python3 -m robustbn.cli tune scenarios/robustness
   --db "$store" --out "$tuned" --jobs "$jobs" --device "$device" --quiet --first 'norm=[fbn,naive]' >"$out/tune.txt" 2>&1
 rc=$?
 wall=$((SECONDS - start))
-tuned_runs=$(( $(finished_here '%/tune_%') - tuning_before ))
+tuned_runs=$(( $(finished_here '*/tune_*') - tuning_before ))
 tail -n 5 "$out/tune.txt"
 echo "gpu_curves: tune exit $rc; $tuned_runs runs finished on $device in $wall s with $jobs jobs" \
      "($(( tuned_runs * 3600 / (wall > 0 ? wall : 1) )) runs per hour, the start and the stop included)"
@@ -74,13 +74,13 @@ if [ "$report" -gt 0 ] && ls "$tuned"/tuned_*.toml >/dev/null 2>&1; then
     --device "$device" --quiet >"$out/report.txt" 2>&1
   rc=$?
   wall=$((SECONDS - start))
-  echo "gpu_curves: reporting runs exit $rc; $(( $(finished_here '%/tuned_%') - reporting_before )) runs finished" \
+  echo "gpu_curves: reporting runs exit $rc; $(( $(finished_here '*/tuned_*') - reporting_before )) runs finished" \
        "on $device in $wall s"
 fi
 if [ ${#searches[@]} -gt 0 ]; then
   wait "${searches[@]}"
   cat "$logs"/search_*.txt >"$out/search.txt"
-  echo "gpu_curves: searches done: $(( $(finished_here '%search%') - searched_before )) of their runs finished" \
+  echo "gpu_curves: searches done: $(( $(finished_here '*search*') - searched_before )) of their runs finished" \
        "(trials and confirmations); confirmation files now: $(ls "$tuned"/searched_worst_*.toml 2>/dev/null | wc -l)"
 fi
 gzip -c "$store" >"$out/board.sqlite.gz"
