@@ -15,11 +15,22 @@
 # seconds, then its confirmation; the confirmation files come back in the tar (device-free), and a
 # search stopped part-way resumes on any machine from the merged store (its finished trial runs
 # and those it stopped early are read back; the one it was running runs again). The paces printed count
-# each phase's own runs (by their file), though the searches share the GPU with them.
+# each phase's own runs (by their file), though the searches share the GPU with them. The searches
+# need Optuna, which the lent machine's image lacks and cannot download: `WHEELS=1 bash
+# benchmarks/gpu_curves.sh` here puts its wheels (for the image's Python, PY=3.12) in build/wheels;
+# carry that folder, and they are installed under build/pydeps there. Without Optuna the searches
+# are skipped, said so, and the rest runs.
 #
 #   STORE=build/gpu/board.sqlite.gz LIMIT_S=300 REPORT_S=120 SEARCH_S=400 JOBS=8 bash benchmarks/gpu_curves.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ "${WHEELS:-0}" = 1 ]; then  # on the CPU machine: the wheels the searches need on the GPU machine
+  rm -rf build/wheels
+  "${PIP:-.venv/bin/pip}" download optuna --python-version "${PY:-3.12}" --only-binary=:all: --platform manylinux2014_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d build/wheels -q || exit 1
+  rm -f build/wheels/numpy-*.whl  # the image has its own, built for its torch
+  du -sh build/wheels; exit 0
+fi
 out=${OUT:-gpu-logs}
 store=${STORE:?STORE: the store to resume (a copy of results/board.sqlite)}
 limit=${LIMIT_S:-300}
@@ -43,7 +54,8 @@ run_search() {  # a line of results.md's searches left: the search, then its con
   # python is timeout's own child: SIGTERM reaches it, and it stops checkpointed
   timeout -s TERM -k 30 "$search" python3 -m robustbn.cli "${find[@]:1}" --device "$device" --quiet
   rc=$?
-  [ "$rc" -le 1 ] || return "$rc"  # 1: a trial failed, but the search ended and wrote its confirmation file
+  # rc 1 also means a trial failed although the search ended: its confirmation file tells
+  [ -f "${find[-1]}" ] || { echo "gpu_curves: the search wrote no ${find[-1]} (exit $rc)"; return "$rc"; }
   [ $((end - SECONDS)) -gt 0 ] && timeout -s TERM -k 30 $((end - SECONDS)) python3 -m robustbn.cli \
     "${confirm[@]:1}" --device "$device" --quiet
 }
@@ -51,6 +63,18 @@ tuning_before=$(finished_here '*/tune_*') reporting_before=$(finished_here '*/tu
 searched_before=$(finished_here '*search*')
 logs=$(mktemp -d)
 searches=()
+if [ "$search" -gt 0 ] && ! python3 -c 'import optuna' 2>/dev/null && ls build/wheels/*.whl >/dev/null 2>&1; then
+  # a wheel is a zip laid out as site-packages, so no pip is needed there
+  python3 -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
+    build/pydeps build/wheels/*.whl
+  export PYTHONPATH=$PWD/build/pydeps:$PYTHONPATH
+fi
+if [ "$search" -gt 0 ] && ! python3 -c 'import optuna' 2>/dev/null; then
+  echo "gpu_curves: Optuna is missing here, so the curve searches are skipped (carry build/wheels:" \
+       "WHEELS=1 bash benchmarks/gpu_curves.sh)"
+  search=0
+fi
+confirmed_before=$(ls "$tuned"/searched_worst_*.toml 2>/dev/null | wc -l)
 if [ "$search" -gt 0 ]; then
   while IFS= read -r line; do
     run_search "$line" >"$logs/search_${#searches[@]}.txt" 2>&1 &
@@ -81,7 +105,8 @@ if [ ${#searches[@]} -gt 0 ]; then
   wait "${searches[@]}"
   cat "$logs"/search_*.txt >"$out/search.txt"
   echo "gpu_curves: searches done: $(( $(finished_here '*search*') - searched_before )) of their runs finished" \
-       "(trials and confirmations); confirmation files now: $(ls "$tuned"/searched_worst_*.toml 2>/dev/null | wc -l)"
+       "(trials and confirmations); $(( $(ls "$tuned"/searched_worst_*.toml 2>/dev/null | wc -l) - confirmed_before ))" \
+       "new confirmation files"
 fi
 gzip -c "$store" >"$out/board.sqlite.gz"
 tar czf "$out/tuned.tgz" -C "$tuned" .
