@@ -45,8 +45,8 @@ for part in "${parts[@]}"; do
     matrix) if have_fmnist; then "${stop[@]}" python3 benchmarks/matrix.py --device cuda --set rounds=100 --every 5 --limit 8 --jobs 1 4
             else echo "matrix: skipped, ROBUSTBN_DATA has no Fashion-MNIST"; fi ;;
     shared) "${stop[@]}" bash -c "python3 benchmarks/shared_gpu.py --device cuda --procs 1 8 --rounds 20 --rules dnc \
-              --eigh host cusolver magma; exec python3 benchmarks/shared_gpu.py --device cuda --procs 1 8 --rounds 20 \
-              --rules nnm+trmean" ;;
+              --bn-attacks bn-kl --eigh host cusolver; exec python3 benchmarks/shared_gpu.py --device cuda --procs 1 8 \
+              --rounds 20 --rules nnm+trmean --bn-attacks bn-kl" ;;
   esac 2>&1 | tee "$out/$part.txt"
   rc=${PIPESTATUS[0]}
   echo "== $part: exit $rc after $((SECONDS - start)) s$(case $rc in 124|137) echo ", stopped at its cap";; esac)" | tee -a "$out/$part.txt" >&2

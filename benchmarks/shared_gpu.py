@@ -1,22 +1,23 @@
 """Seconds per round of one run when K runs share the device, per aggregation rule: what a
 matrix's `--jobs K` pays. On one H100 with eight jobs, FixBN's runs with DnC on every channel
-took 20 times the other defenses' (docs/performance.md, the 2026-11-28 lease), while alone
-DnC's round costs 1.2x nnm+median's. DnC syncs with the host every call
-(`torch.linalg.eigh`); this measures whether a sync costs more when processes time-slice the
-GPU. `--eigh` picks where the rules' small eigendecompositions are solved: `host` (the
-default since 2026-11-28: one copy to the CPU and back, aggregators.catalogue.HOST_EIGH_MAX_ENTRIES),
-or on the GPU with torch's `cusolver` or `magma` (MAGMA's hybrid solver uses host threads,
-which eight processes would oversubscribe).
+took 20 times the other defenses' (docs/performance.md, the 2026-11-28 lease). Those runs all
+had bn-kl on the BN statistics, which scores 47 candidate message sets a round through the
+rule: 47 of DnC's eigendecompositions where SF costs one, each a host sync on CUDA
+(`torch.linalg.eigh`), and a sync may wait longer while processes time-slice the GPU.
+`--eigh` picks where the rules' small eigendecompositions are solved: `host` (the default since
+2026-11-28: one copy to the CPU and back, aggregators.catalogue.HOST_EIGH_MAX_ENTRIES), or on
+the GPU with torch's `cusolver` or `magma` (MAGMA's hybrid solver uses host threads, which eight
+processes would oversubscribe).
 
-    python benchmarks/shared_gpu.py [--device cuda] [--rules nnm+trmean dnc] [--procs 1 8] [--norm fixbn]
-                                    [--eigh host cusolver magma]
+    python benchmarks/shared_gpu.py [--device cuda] [--rules nnm+trmean dnc] [--bn-attacks sf bn-kl]
+                                    [--procs 1 8] [--norm fixbn] [--eigh host cusolver magma]
 
 Each of K spawned processes builds the same federation (Simple-CNN, n = 10, f = 3, ALIE on
-the gradients, SF on the BN statistics, the rule on every channel), waits at a barrier, runs
-3 rounds, then times `--rounds` rounds with one sync at the end (a run syncs no more often
-between its evaluations). Per rule and K: the median over the processes of seconds a round,
-the rounds a second of all K together, and the slowdown of a process against the smallest K (side by
-side in one run).
+the gradients, the BN attack on the statistics, the rule on every channel), waits at a
+barrier, runs 3 rounds, then times `--rounds` rounds with one sync at the end (a run syncs no
+more often between its evaluations). Per rule, BN attack and K: the median over the processes
+of seconds a round, the rounds a second of all K together, and the slowdown of a process
+against the smallest K (side by side in one run).
 """
 from __future__ import annotations
 
@@ -34,17 +35,18 @@ sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
 import torch  # noqa: E402
 
 
-def one_process(rule: str, norm: str, device: str, rounds: int, threads: int, eigh: str, barrier, results) -> None:
+def one_process(rule: str, norm: str, bn_attack: str, device: str, rounds: int, threads: int, eigh: str, barrier,
+                results) -> None:
     """Time `rounds` rounds once every process is ready; the seconds a round, or the error,
     go on `results` (a failure breaks the barrier: the others stop too, not wait)."""
     try:
-        results.put(("ok", _timed_rounds(rule, norm, device, rounds, threads, eigh, barrier)))
+        results.put(("ok", _timed_rounds(rule, norm, bn_attack, device, rounds, threads, eigh, barrier)))
     except BaseException as e:  # noqa: BLE001 (the parent reports it)
         barrier.abort()
         results.put(("error", f"{type(e).__name__}: {e}"))
 
 
-def _timed_rounds(rule, norm, device, rounds, threads, eigh, barrier) -> float:
+def _timed_rounds(rule, norm, bn_attack, device, rounds, threads, eigh, barrier) -> float:
     torch.set_num_threads(threads)
     if eigh != "host":
         from aggregators import catalogue
@@ -63,7 +65,7 @@ def _timed_rounds(rule, norm, device, rounds, threads, eigh, barrier) -> float:
         data = load_dataset("synthetic-images", device=dev)
     sends = get(norm).sends_statistics
     sc = Scenario.from_dict(dict(dataset=data.name, model="simple-cnn", norm=norm, n=10, f=3, batch_size=32,
-                                 momentum=0.9, rounds=10**6, grad_attack="alie", bn_attack="sf" if sends else "none",
+                                 momentum=0.9, rounds=10**6, grad_attack="alie", bn_attack=bn_attack if sends else "none",
                                  grad_agg=rule, bn_agg=rule, partition="gamma", gamma=0.0, device=device))
     fed = Federation(sc, data, partition(data.y_train.cpu().numpy(), sc.honest, "gamma", 0.0, seed=0))
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -78,13 +80,13 @@ def _timed_rounds(rule, norm, device, rounds, threads, eigh, barrier) -> float:
     return (time.perf_counter() - start) / rounds
 
 
-def measure(rule: str, k: int, eigh: str, args) -> list[float]:
+def measure(rule: str, bn_attack: str, k: int, eigh: str, args) -> list[float]:
     """Each of k processes' seconds a round; SystemExit naming the first failure (the others
     are stopped)."""
     ctx = mp.get_context("spawn")  # CUDA and forked processes do not mix
     barrier, results = ctx.Barrier(k), ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // k)
-    procs = [ctx.Process(target=one_process, args=(rule, args.norm, args.device, args.rounds, threads, eigh,
+    procs = [ctx.Process(target=one_process, args=(rule, args.norm, bn_attack, args.device, args.rounds, threads, eigh,
                                                     barrier, results), daemon=True) for _ in range(k)]
     for p in procs:
         p.start()
@@ -101,7 +103,7 @@ def measure(rule: str, k: int, eigh: str, args) -> list[float]:
         if status == "error":
             for p in procs:
                 p.terminate()
-            raise SystemExit(f"shared_gpu: {rule} (eigh on {eigh}), {k} processes: {value}")
+            raise SystemExit(f"shared_gpu: {rule} against {bn_attack} (eigh on {eigh}), {k} processes: {value}")
         out.append(value)
     for p in procs:
         p.join()
@@ -115,6 +117,8 @@ def main() -> None:
     ap.add_argument("--procs", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--norm", default="fixbn")
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--bn-attacks", nargs="+", default=["sf", "bn-kl"],
+                    help="the attacks on the BN statistics (bn-kl scores 47 candidates a round through the rule)")
     ap.add_argument("--eigh", nargs="+", default=["host"], choices=["host", "cusolver", "magma"],
                     help="where small eigendecompositions are solved: the host, or the GPU with this library")
     args = ap.parse_args()
@@ -123,18 +127,19 @@ def main() -> None:
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{os.cpu_count()} CPU cores"
     print(f"# torch {torch.__version__}, {name}; {args.norm}, Simple-CNN, n = 10, f = 3, batch 32; "
           f"{args.rounds} rounds timed per process")
-    print("\n| rule on every channel | eigendecompositions | processes | s a round (median over them) | "
+    print("\n| rule on every channel | BN attack | eigendecompositions | processes | s a round (median over them) | "
           "rounds a second, all | slowdown against the fewest |")
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for rule in args.rules:
-        for eigh in args.eigh:
-            alone = None
-            for k in sorted(set(args.procs)):
-                per = measure(rule, k, eigh, args)
-                mid = statistics.median(per)
-                alone = mid if alone is None else alone
-                print(f"| {rule} | {eigh} | {k} | {mid:.4f} | {sum(1 / s for s in per):.1f} | {mid / alone:.2f} |",
-                      flush=True)
+        for bn_attack in args.bn_attacks:
+            for eigh in args.eigh:
+                alone = None
+                for k in sorted(set(args.procs)):
+                    per = measure(rule, bn_attack, k, eigh, args)
+                    mid = statistics.median(per)
+                    alone = mid if alone is None else alone
+                    print(f"| {rule} | {bn_attack} | {eigh} | {k} | {mid:.4f} | {sum(1 / s for s in per):.1f} | "
+                          f"{mid / alone:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

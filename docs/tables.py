@@ -32,7 +32,7 @@ from robustbn.channels import NOT_ATTACKS, expand_channels
 from robustbn.labels import attack_short, attack_words, setting_defense_words
 from robustbn.stats import MIN_PAIRS, Estimate, by_seed, ci_text, distinct, paired, seeds_interval, too_few
 from robustbn.store import FINISHED, Store, read_export
-from robustbn.worst import SEARCHED_PREFIX
+from robustbn.worst import ATTACK_KEYS, NOT_SETTING, SEARCHED_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = os.environ.get("ROBUSTBN_DOCS_RUNS", str(ROOT / "docs" / "results.csv"))
@@ -1245,16 +1245,26 @@ def toy_table() -> None:
 
 # ---- time --------------------------------------------------------------------------------------
 
+def _setting_but_attack(r: dict) -> tuple:
+    return tuple(sorted((k, json.dumps(v, sort_keys=True, default=str)) for k, v in r.items()
+                        if k not in NOT_SETTING and k not in ATTACK_KEYS and k != "recorded_from"))
+
+
 @cache
 def curve_hashes() -> frozenset:
-    """The robustness curves' runs: the tuning's (seeds 10, 11) and the tuned and confirmation
-    files' (seeds 0-4), finished or not: no other section's accounting counts them."""
+    """The robustness curves' runs: the tuning's (seeds 10, 11), the tuned and confirmation files'
+    (seeds 0-4), and the curve searches' trials (a tuned point's setting, another attack, off the
+    reported seeds; a board search at the same setting and lr would count here too), finished or
+    not: no other section's accounting counts them."""
     files = (tuning_file(), *tuned_files(), *curve_confirmations())
-    return frozenset(r["hash"] for f in files if (ROOT / f).is_file() for r in own_seed_runs(f))
+    own = {r["hash"] for f in files if (ROOT / f).is_file() for r in own_seed_runs(f)}
+    points = {_setting_but_attack(r) for f in tuned_files() if (ROOT / f).is_file() for r in own_seed_runs(f)}
+    trials = {r["hash"] for r in rows() if r["seed"] not in BOARD_SEEDS and _setting_but_attack(r) in points}
+    return frozenset(own | trials)
 
 
 FAMILIES = (
-    ("the robustness curves: tuning (seeds 10, 11) and the tuned files (seeds 0-4)",
+    ("the robustness curves: tuning (seeds 10, 11), the tuned files (seeds 0-4) and the curve searches",
      lambda r: r["hash"] in curve_hashes()),
     ("the worst-case matrix and its clean runs (150 rounds, batch 32)", lambda r: r["rounds"] == 150),
     ("the paper's schedule (T = 1500)", lambda r: r["rounds"] == 1500),
