@@ -1273,20 +1273,60 @@ FAMILIES = (
 )
 
 
+def _hours(runs, gpu: bool) -> tuple[int, float]:
+    """How many of the runs ran on a GPU (or on the CPU), and their wall hours: on the CPU one
+    torch thread a run; on a GPU each run's own wall time, eight sharing one GPU."""
+    mine = [r for r in runs if str(r.get("device") or "cpu").startswith("cuda") == gpu]
+    return len(mine), math.fsum(r["wall_time_s"] or 0 for r in mine) / 3600
+
+
 def time_table() -> None:
-    print("| runs | finished runs | diverged | CPU hours (one thread a run) |")
-    print("|---|---|---|---|")
+    print("| runs | finished runs | diverged | CPU hours (one thread a run) | on a GPU: runs, run-hours |")
+    print("|---|---|---|---|---|")
+
+    def line(name, runs):
+        _, cpu = _hours(runs, gpu=False)
+        gpu_runs, gpu = _hours(runs, gpu=True)
+        on_gpu = f"{gpu_runs}, {gpu:.1f}" if gpu_runs else "-"
+        print(f"| {name} | {len(runs)} | {sum(r['status'] == 'diverged' for r in runs)} | {cpu:.1f} | {on_gpu} |")
+
     left = list(rows())
     for name, pred in FAMILIES:
-        mine = [r for r in left if pred(r)]
+        line(name, [r for r in left if pred(r)])
         left = [r for r in left if not pred(r)]
-        hours = math.fsum(r["wall_time_s"] or 0 for r in mine) / 3600
-        print(f"| {name} | {len(mine)} | {sum(r['status'] == 'diverged' for r in mine)} | {hours:.1f} |")
     if left:
-        hours = math.fsum(r["wall_time_s"] or 0 for r in left) / 3600
-        print(f"| other | {len(left)} | {sum(r['status'] == 'diverged' for r in left)} | {hours:.1f} |")
-    hours = math.fsum(r["wall_time_s"] or 0 for r in rows()) / 3600
-    print(f"| **all** | {len(rows())} | {sum(r['status'] == 'diverged' for r in rows())} | {hours:.1f} |")
+        line("other", left)
+    line("**all**", list(rows()))
+    print()
+
+
+def curve_cost_table() -> None:
+    """Per protocol and curve, the runs finished at its points so far and their hours: the
+    tuning (seeds 10, 11), the tuned files' and confirmations' reported runs (seeds 0-4), and
+    the searches' trials; with how many of its tuned points have all their runs."""
+    from robustbn.labels import norm_words
+
+    tuning = {r["hash"] for r in tuning_runs()}
+    reported = {r["hash"] for f in tuned_files() + curve_confirmations() for r in own_seed_runs(f)}
+    mine = [r for r in rows() if r["hash"] in curve_hashes()]
+    finished = [own_seed_runs(f)[0] for f in curve_files() if Path(f).name.startswith("tuned_") and own_seed_runs(f)]
+    print("| protocol | along | tuned points with every run | tuning runs | reported runs | search trials | "
+          "CPU hours (runs) | GPU run-hours (runs) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for norm in dict.fromkeys(cell[0] for cell in planned_defenses()):
+        for x, (held, value) in SWEEPS.items():
+            def on(r):
+                return r["norm"] == norm and float(r[held]) == value
+            runs = [r for r in mine if on(r)]
+            planned = sum(v for cell, v in planned_defenses().items()
+                          if cell[0] == norm and float(cell[1 if held == "gamma" else 2]) == value)
+            done = sum(on(r) for r in finished)
+            cpu_runs, cpu = _hours(runs, gpu=False)
+            gpu_runs, gpu = _hours(runs, gpu=True)
+            print(f"| {norm_words(norm)} | {x} ({held} = {value:g}) | {done} of {planned} | "
+                  f"{sum(r['hash'] in tuning for r in runs)} | {sum(r['hash'] in reported for r in runs)} | "
+                  f"{sum(r['hash'] not in tuning and r['hash'] not in reported for r in runs)} | "
+                  f"{cpu:.1f} ({cpu_runs}) | {gpu:.1f} ({gpu_runs}) |")
     print()
 
 
@@ -1369,7 +1409,7 @@ def count() -> str:
 
 SECTIONS = ("leaderboard", "worst_case_tables", "worst_case_verdicts", "searched_against_catalogue",
             "fig4_findings", "fig4_extension_findings", "paper_schedule_findings", "fig3_table", "fig3_findings", "gap_table", "gap_findings", "fedtan_findings",
-            "scale_table", "scale_findings", "seed003_findings", "seed004_findings", "disagreements", "time_table")
+            "scale_table", "scale_findings", "seed003_findings", "seed004_findings", "disagreements", "time_table", "curve_cost_table")
 
 
 RESULTS_MD = ROOT / "docs" / "results.md"

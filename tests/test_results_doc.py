@@ -368,3 +368,24 @@ def test_a_curve_searchs_trials_count_with_the_curves_not_the_board():
     board = [r for r in tables.rows() if r["seed"] in (10, 11) and r["norm"] == "fbn" and r["gamma"] == 0.0
              and r["f"] == 3 and r["lr"] == 0.05 and r["grad_agg"] == "nnm+trmean" and r["hash"] not in tuning]
     assert board and not any(r["hash"] in tables.curve_hashes() for r in board)
+
+
+def test_the_curve_cost_table_splits_each_curves_runs_once(capsys):
+    """Per protocol and curve, tuning + reported + trials = the CPU's runs + the GPU's = the
+    finished curve runs on that sweep, and no curve has more whole points than planned."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    import tables
+    from robustbn.labels import norm_words
+
+    tables.curve_cost_table()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert lines
+    curve = [r for r in tables.rows() if r["hash"] in tables.curve_hashes()]
+    for line in lines:
+        norm, along, points, tuning, reported, trials, cpu, gpu = [c.strip() for c in line.strip("|").split("|")]
+        done, planned = map(int, points.split(" of "))
+        held, value = tables.SWEEPS[along.split()[0]]
+        mine = [r for r in curve if float(r[held]) == value and norm_words(r["norm"]) == norm]
+        count = int(tuning) + int(reported) + int(trials)
+        assert count == int(cpu.split("(")[1][:-1]) + int(gpu.split("(")[1][:-1]) == len(mine)
+        assert 0 <= done <= planned and planned > 0
