@@ -6,7 +6,7 @@
 torch.Size([1000])
 """
 
-from .base import Rule, is_stateful, pairwise_sq_distances, sanitize, trials
+from .base import Rule, draws, is_stateful, pairwise_sq_distances, sanitize, trials
 from .catalogue import CAF, SMEA, Bulyan, DnC, FLTrust, MinimumDiameterAveraging
 from .clustering import ClippedClustering, SignGuard
 from .pipeline import AGGREGATORS, PRE_AGGREGATORS, Pipeline, build, register, shown_params, step_class
@@ -26,7 +26,7 @@ from .rules import (
 
 __all__ = [
     "AGGREGATORS", "PRE_AGGREGATORS", "Pipeline", "Rule", "build", "register", "shown_params", "step_class", "add_search_path",
-    "search_path", "sanitize", "pairwise_sq_distances", "trials", "is_stateful",
+    "search_path", "sanitize", "pairwise_sq_distances", "trials", "is_stateful", "draws",
     "Mean", "CoordinateWiseMedian", "TrimmedMean", "Krum", "MultiKrum", "GeometricMedian",
     "CenteredClipping", "Meamed", "MoNNA", "NNM", "Bucketing", "Clipping", "ARC",
     "MinimumDiameterAveraging", "SMEA", "CAF", "Bulyan", "DnC", "SignGuard", "ClippedClustering", "FLTrust",

@@ -144,6 +144,11 @@ class Rule:
     recording = True  # a stateful rule updates its state only while True (`trials` sets it False)
     shown_defaults = ()  # parameters a label shows even at their default (cc's tau: it decides whether cc holds)
 
+    def draws(self, d: int) -> bool:
+        """Whether a call on messages of width d draws random numbers (then torch.vmap cannot
+        batch it): `random`, unless the rule says when (dnc samples coordinates only when d > b)."""
+        return self.random
+
     def kappa(self, n: int, f: int) -> float | None:
         """The (f, kappa)-robustness constant the rule is proven to have for n messages
         (Allouah et al. 2023): ||F(x) - mean_H||^2 <= kappa mean_{i in H} ||x_i - mean_H||^2
@@ -181,6 +186,14 @@ def is_stateful(aggregate) -> bool:
     """Whether a pipeline or rule has a step whose state its calls change: one such pipeline
     cannot stand in for another, equal one."""
     return bool(_stateful_steps(aggregate))
+
+
+def draws(aggregate, d: int) -> bool:
+    """Whether a pipeline or rule draws random numbers on messages of width d (then torch.vmap
+    cannot batch it): its `draws(d)`, or for a callable without one, its `random` flag."""
+    if hasattr(aggregate, "draws"):
+        return bool(aggregate.draws(d))
+    return bool(getattr(aggregate, "random", False))
 
 
 @contextmanager

@@ -377,6 +377,9 @@ class DnC(Rule, Generated):
         self.c = real(self.name, "c (filtering fraction)", c, 0.0)
         self._init_generator(seed, generator)
 
+    def draws(self, d):
+        return d > self.b  # at most b coordinates: all of them, no draw
+
     def _keep(self, n):
         return n - math.ceil(self.c * self.f)
 

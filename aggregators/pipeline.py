@@ -7,7 +7,7 @@ import inspect
 
 import torch
 
-from .base import Rule, check_messages, check_reference, is_stateful, sanitize
+from .base import Rule, check_messages, check_reference, draws, is_stateful, sanitize
 from .catalogue import CAF, SMEA, Bulyan, DnC, FLTrust, MinimumDiameterAveraging
 from .clustering import ClippedClustering, SignGuard
 from .plugins import resolve
@@ -75,6 +75,11 @@ class Pipeline:
         """Whether a step draws random numbers (bucketing, dnc, signguard)."""
         return any(step.random for step in self.pre + [self.agg])
 
+    def draws(self, d: int) -> bool:
+        """Whether a call on (n, d) messages draws random numbers: a random step may not at
+        every width (dnc samples coordinates only when d > b), and then vmap can batch it."""
+        return any(draws(step, d) for step in self.pre + [self.agg])
+
     @property
     def stateful(self) -> bool:
         """Whether a step keeps state across calls (cc's previous output, cclust's norms seen)."""
@@ -94,21 +99,22 @@ class Pipeline:
     def stacked(self, x: torch.Tensor, reference: torch.Tensor | None = None) -> torch.Tensor:
         """(b, n, d) -> (b, d): the pipeline on each of b stacked message sets, in one batched
         call (torch.vmap); `reference` (b, d): one reference message per set, for a pipeline
-        that `needs_reference`. A random pipeline runs them one after another instead, each
-        drawing from its generator in turn, because vmap cannot draw from an explicit generator;
+        that `needs_reference`. A pipeline that draws at this width runs them one after another
+        instead, each drawing from its generator in turn, because vmap cannot draw from an
+        explicit generator;
         so do a stateful pipeline (each set sees the state the one before left, as in separate
         calls) and one with a step that runs on the host (`vmappable = False`)."""
         if x.dim() != 3:
             raise ValueError(f"{self.spec}: stacked messages must be a 3-D (b, n, d) tensor, got shape {tuple(x.shape)}")
         if not self.needs_reference:
-            if self.random or self.stateful or not self.vmappable:
+            if self.draws(x.shape[2]) or self.stateful or not self.vmappable:
                 return torch.stack([self(messages) for messages in x])
             return torch.vmap(self)(x)
         if not isinstance(reference, torch.Tensor) or reference.shape != (x.shape[0], x.shape[2]):
             got = tuple(reference.shape) if isinstance(reference, torch.Tensor) else reference
             raise ValueError(f"{self.spec}: stacked messages {tuple(x.shape)} need a ({x.shape[0]}, {x.shape[2]}) "
                              f"reference, one message per set, got {got}")
-        if self.random or self.stateful or not self.vmappable:
+        if self.draws(x.shape[2]) or self.stateful or not self.vmappable:
             return torch.stack([self(messages, ref) for messages, ref in zip(x, reference)])
         return torch.vmap(self)(x, reference)
 

@@ -2,8 +2,10 @@
 matrix's `--jobs K` pays. On one H100 with eight jobs, FixBN's runs with DnC on every channel
 took 20 times the other defenses' (docs/performance.md, the 2026-11-28 lease). Those runs all
 had bn-kl on the BN statistics, which scores 47 candidate message sets a round through the
-rule: 47 of DnC's eigendecompositions where SF costs one, each a host sync on CUDA
-(`torch.linalg.eigh`), and a sync may wait longer while processes time-slice the GPU.
+rule, then one at a time for DnC (a random rule): 47 of its eigendecompositions where SF costs
+one, each a host sync on CUDA (`torch.linalg.eigh`), and a sync may wait longer while
+processes time-slice the GPU. DnC draws nothing on the statistics (d <= b), so the candidates
+are now scored in one vmapped call; this measures what is left.
 `--eigh` picks where the rules' small eigendecompositions are solved: `host` (the default since
 2026-11-28: one copy to the CPU and back, aggregators.catalogue.HOST_EIGH_MAX_ENTRIES), or on
 the GPU with torch's `cusolver` or `magma` (MAGMA's hybrid solver uses host threads, which eight

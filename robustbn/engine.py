@@ -391,9 +391,11 @@ class Federation:
                                                   self.sc.n, self.sc.bn_momentum, self.mean_channel.pipeline,
                                                   self.var_channel.pipeline)
         in_dims = (0, None) if vary == "mean" else (None, 0)
-        if all(c.pipeline.vmappable and not c.pipeline.random for c in (self.mean_channel, self.var_channel)):
+        width = mean.shape[-1]  # a rule that draws only at some widths (dnc: d > b) is batched at the others
+        channels = (self.mean_channel, self.var_channel)
+        if all(c.pipeline.vmappable and not aggregators.draws(c.pipeline, width) for c in channels):
             shared_mean, shared_var = torch.vmap(update, in_dims=in_dims)(mean, var)
-        else:  # a pipeline that draws random numbers or works on the host: one candidate at a time
+        else:  # a pipeline that draws random numbers here or works on the host: one candidate at a time
             sets = mean if vary == "mean" else var
             outs = [update(x, var) if vary == "mean" else update(mean, x) for x in sets]
             shared_mean, shared_var = torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
@@ -416,11 +418,11 @@ class Federation:
         """Independent aggregations of the BN channels [(pipeline, messages), ...], in one
         batched call when their pipelines are interchangeable and their message sets have one
         shape; otherwise (different pipelines, a channel whose Byzantine clients send nothing,
-        or a random pipeline, each drawing from its own generator) one by one."""
+        or a pipeline that draws at this width, each from its own generator) one by one."""
         key = {id(c.pipeline): c.key for c in (self.mean_channel, self.var_channel)}
         kind = lambda agg: key.get(id(agg), id(agg))  # a filtered pipeline is interchangeable with itself only
         (first, x0), *_ = calls
-        if first.random or aggregators.is_stateful(first) or \
+        if aggregators.draws(first, x0.shape[-1]) or aggregators.is_stateful(first) or \
                 any(kind(agg) != kind(first) or x.shape != x0.shape for agg, x in calls):
             return [agg(x) for agg, x in calls]
         return list(first.stacked(torch.stack([x for _, x in calls])))

@@ -690,8 +690,36 @@ def test_host_and_random_rules_are_stacked_as_one_call_per_set(spec, params):
     x = randn(3, 4 * 9, 6).reshape(4, 9, 6)
     x[1, :2] = float("nan")
     stacked, one_by_one = A.build(spec, f=2, seed=7, **params), A.build(spec, f=2, seed=7, **params)
-    assert not (stacked.vmappable and not stacked.random)
+    assert not (stacked.vmappable and not stacked.draws(6))
     close(stacked.stacked(x), torch.stack([one_by_one(m) for m in x]), tol=0)
+
+
+@given(b=st.integers(1, 4), niters=st.integers(1, 3), seed=seeds)
+@settings(max_examples=20, deadline=None)
+def test_dnc_at_most_b_coordinates_wide_draws_nothing_and_is_batched_as_its_calls(b, niters, seed):
+    """dnc samples b coordinates only when d > b; narrower messages (the BN statistics) use all
+    of them, draw nothing, and vmap batches the sets (bn-kl scores 47 a round through it)."""
+    x = randn(seed, b * 9 * 6, 1).reshape(b, 9, 6)
+    x[0, :2] = float("nan")
+    g = torch.Generator().manual_seed(seed)
+    state = g.get_state()
+    pipeline = A.build("dnc", f=2, niters=niters, b=6, generator=g)
+    assert not pipeline.draws(6) and pipeline.draws(7) and not A.build("mean").draws(7)
+    calls = torch.stack([pipeline(m) for m in x])
+    close(pipeline.stacked(x), calls, tol=1e-12)
+    assert torch.equal(g.get_state(), state)
+
+
+def test_a_rule_that_draws_at_this_width_is_not_given_to_vmap(monkeypatch):
+    batched = []
+    real = torch.vmap
+    monkeypatch.setattr(torch, "vmap", lambda fn, *a, **k: batched.append(fn) or real(fn, *a, **k))
+    x = randn(2, 3 * 9 * 6, 1).reshape(3, 9, 6)
+    narrow, wide = A.build("dnc", f=2, b=6, seed=1), A.build("dnc", f=2, b=5, seed=1)
+    narrow.stacked(x)
+    assert batched == [narrow]
+    wide.stacked(x)
+    assert batched == [narrow]
 
 
 @pytest.mark.parametrize("spec", ["mda", "smea", "caf", "bulyan", "fltrust"])
@@ -760,6 +788,16 @@ def test_cuda_matches_cpu(spec):
     assert gpu.device.type == "cuda"
     if spec not in ("dnc", "signguard"):  # CPU and CUDA generators draw different coordinates
         torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_dnc_without_a_draw_is_batched_as_its_calls():
+    """bn-kl's candidates through dnc on the BN statistics (d <= b): vmap on the GPU, its
+    eigendecompositions on the host, as the calls one by one."""
+    x = randn(4, 47 * 10 * 16, 1, dtype=torch.float32).reshape(47, 10, 16).cuda()
+    pipeline = A.build("dnc", f=3)
+    assert not pipeline.draws(16)
+    torch.testing.assert_close(pipeline.stacked(x), torch.stack([pipeline(m) for m in x]), rtol=1e-5, atol=1e-6)
 
 
 # ---- the kit on rules that need a reference --------------------------------------------------

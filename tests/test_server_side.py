@@ -325,3 +325,30 @@ def test_matrix_friendly_spellings_are_the_runs_they_mean():
         Scenario.from_dict({**BASE, "norm": "gn", "bn_mean_attack": "sf"})
     unfiltered = Scenario.from_dict({**BASE, "client_filter": "none", "grad_attack": "sf"})
     assert unfiltered.to_dict() == Scenario.from_dict({**BASE, "grad_attack": "sf"}).to_dict()
+
+
+@pytest.mark.parametrize("norm", ["fbn", "fixbn"])
+def test_bn_kl_scores_dncs_candidates_in_one_batch_and_the_run_is_the_same(norm, monkeypatch):
+    """dnc draws nothing on the BN statistics (d <= b), so bn-kl's candidates are scored in one
+    vmapped call: the run is the one that scored them one at a time, bit for bit."""
+    from aggregators import catalogue
+
+    values = dict(norm=norm, bn_attack="bn-kl", grad_agg="dnc", bn_agg="dnc", n=6, f=2)
+    vmapped, real_vmap = [], torch.vmap
+    monkeypatch.setattr(torch, "vmap", lambda fn, *a, **k: vmapped.append(fn) or real_vmap(fn, *a, **k))
+    batched = federation(**values)
+    for _ in range(3):
+        batched.step()
+    assert vmapped, "the candidates were not batched"
+    monkeypatch.setattr(torch, "vmap", real_vmap)
+    monkeypatch.setattr(catalogue.DnC, "draws", lambda self, d: True)  # the one-at-a-time path
+    looped = federation(**values)
+    scored = []
+    real = looped._damage
+    monkeypatch.setattr(looped, "_damage", lambda *a, **k: scored.append(a[0].dim()) or real(*a, **k))
+    for _ in range(3):
+        looped.step()
+    assert scored, "bn-kl never scored its candidates"
+    for a, b in zip([*batched.model.parameters(), *batched.model.buffers()],
+                    [*looped.model.parameters(), *looped.model.buffers()]):
+        assert torch.equal(a, b)
