@@ -31,7 +31,7 @@ from pathlib import Path
 from robustbn.channels import NOT_ATTACKS, expand_channels
 from robustbn.labels import attack_short, attack_words, setting_defense_words
 from robustbn.stats import MIN_PAIRS, Estimate, by_seed, ci_text, distinct, paired, seeds_interval, too_few
-from robustbn.store import FINISHED, Store, read_export
+from robustbn.store import FINISHED, Store, device_aliases, read_export
 from robustbn.worst import ATTACK_KEYS, NOT_SETTING, SEARCHED_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -600,7 +600,8 @@ def tuning_moved() -> None:
     values = read(ROOT / tuning_file())
     base = read(ROOT / ROBUSTNESS_MATRIX)["lr"]
     plan, point_of, by_hash = tuning_plan()
-    finished = {r["hash"]: r for r in tuning_runs() if r["hash"] in by_hash}
+    alias = device_aliases(by_hash)  # a run finished on a GPU is the plan's run, as `robustbn tune` reads it
+    finished = {alias[r["hash"]]: {**r, "hash": alias[r["hash"]]} for r in tuning_runs() if r["hash"] in alias}
     # every defense the tuning plans, per point and threat model; one whose pruning has not settled
     # has no choice yet, whatever its points have run
     planned = planned_defenses()

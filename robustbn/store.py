@@ -105,6 +105,12 @@ def same_run_hashes(scenario: dict[str, Any], engine: str = "robustbn") -> list[
     return [scenario_hash(sc, engine) for sc in same_runs(scenario)]
 
 
+def device_aliases(by_hash: dict) -> dict[str, str]:
+    """Each planned run's hash on every device -> its hash in the plan (`by_hash`: hash ->
+    Scenario): a run finished on any device counts as the plan's."""
+    return {alt: h for h, sc in by_hash.items() for alt in same_run_hashes(sc.to_dict())}
+
+
 def versions() -> dict[str, str]:
     import numpy
     import torch

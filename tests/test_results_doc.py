@@ -5,6 +5,7 @@ ones; the verdict words come from the code."""
 import re
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -389,3 +390,29 @@ def test_the_curve_cost_table_splits_each_curves_runs_once(capsys):
         count = int(tuning) + int(reported) + int(trials)
         assert count == int(cpu.split("(")[1][:-1]) + int(gpu.split("(")[1][:-1]) == len(mine)
         assert 0 <= done <= planned and planned > 0
+
+
+def test_tuning_moved_reads_the_tuning_runs_of_every_device(capsys):
+    """A tuning run finished on a GPU hashes apart from the CPU's (the device is in the hash) and
+    is the same run to `robustbn tune`: each point whose defenses all have a tuned file (written
+    by tune once its choice settled) is a row of the table, at the file's lr."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    import tables
+    from robustbn.labels import norm_words
+    from robustbn.matrix import read
+
+    assert any(str(r.get("device")).startswith("cuda") for r in tables.tuning_runs()), \
+        "the shipped runs no longer hold a tuning run on a GPU"
+    files = defaultdict(list)
+    for f in tables.tuned_files():
+        first = tables.own_seed_runs(f) or [tables.planned_scenarios(f)[0]]
+        files[tables.curve_cell(first[0])].append(read(ROOT / f)["lr"])
+    whole = {cell: lrs for cell, lrs in files.items() if len(lrs) == tables.planned_defenses()[cell]}
+    assert whole
+    tables.tuning_moved()
+    out = capsys.readouterr().out
+    assert f"({len(whole)} of {len(tables.planned_defenses())} so far)" in out
+    for (norm, gamma, f, data), lrs in whole.items():
+        row = next(line for line in out.splitlines() if line.startswith(f"| {norm_words(norm)} | {gamma:g} | {f} | "
+                                                                         f"{'root-free' if data is None else 'trusted'} |"))
+        assert sorted(float(x) for x in re.findall(r"\(lr ([0-9.]+)\)", row.split(" | ")[-1])) == sorted(lrs)

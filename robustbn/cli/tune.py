@@ -68,7 +68,7 @@ def _seeds(text: str, flag: str) -> list[int]:
 
 def _pruned(plan, by_hash: dict, alias: dict, store, source: str, args, after_wave, rank: dict | None = None):
     """Run the tuning in waves (robustbn.tune.Tuning) until every defense's choice is settled,
-    calling after_wave(finished runs by hash; `alias`: _same_runs) before each wave; `rank`
+    calling after_wave(finished runs by hash; `alias`: store.device_aliases) before each wave; `rank`
     (robustbn.tune.first_ranks): each wave cut to its first runs. Runs another process holds are
     waited for; a run that fails here is not retried."""
     import dataclasses
@@ -96,13 +96,6 @@ def _pruned(plan, by_hash: dict, alias: dict, store, source: str, args, after_wa
         failed |= {h for h, _ in s.failed}
         if s.taken and not s.done and not s.failed:
             time.sleep(30)  # another process shares the store and holds this wave's runs
-
-
-def _same_runs(by_hash: dict) -> dict[str, str]:
-    """Each planned run's hash on every device -> its hash in the tuning file."""
-    from ..store import same_run_hashes
-
-    return {alt: h for h, sc in by_hash.items() for alt in same_run_hashes(sc.to_dict())}
 
 
 def _finished(store, alias: dict[str, str]) -> dict[str, dict]:
@@ -191,7 +184,7 @@ def cmd_tune(args) -> int:
     from ..evaluate import toml_text
     from ..execute import pending, run_matrix
     from ..matrix import carried_search_path, parse_override
-    from ..store import Store, strict_json
+    from ..store import Store, device_aliases, strict_json
     from ..tune import (REPORT_SEEDS, TUNING_SEEDS, TUNING_WORDS, Tuning, check_matrix, expand_grid, first_ranks,
                         grid_points, setting_fields, varies)
 
@@ -261,7 +254,7 @@ def cmd_tune(args) -> int:
             print(f"tune: --first {key}: {_first_groups(plan, rank, wanted)}", file=sys.stderr)
         if args.plan:
             return 0
-        alias = _same_runs(by_hash)
+        alias = device_aliases(by_hash)
         try:
             if args.full:
                 summary = run_matrix(scenarios, store, source=str(tuning), jobs=args.jobs, device=args.device,
