@@ -411,7 +411,9 @@ def test_tuning_moved_reads_the_tuning_runs_of_every_device(capsys):
     assert whole
     tables.tuning_moved()
     out = capsys.readouterr().out
-    assert f"({len(whole)} of {len(tables.planned_defenses())} so far)" in out
+    # a choice may settle in the runs exported before tune's next wave writes its file: at least
+    tuned = int(re.search(r"\((\d+) of %d so far\)" % len(tables.planned_defenses()), out).group(1))
+    assert tuned >= len(whole)
     for (norm, gamma, f, data), lrs in whole.items():
         row = next(line for line in out.splitlines() if line.startswith(f"| {norm_words(norm)} | {gamma:g} | {f} | "
                                                                          f"{'root-free' if data is None else 'trusted'} |"))
