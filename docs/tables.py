@@ -377,7 +377,8 @@ def _curve_digest(lines: dict) -> str:
 
     drawn = [(norm, t["defense"], t.get("server_data"), *(t.get(k) for k in (*SWEEPS, *TUNED)),
               *(None if t.get(k) is None else round(t[k], 6) for k in ("worst_acc", "ci_low", "ci_high", "no_attack_acc")),
-              t["seeds"], t["worst_diverged"]) for norm, mine in lines.items() for pts in mine.values() for t in pts]
+              t["seeds"], t["worst_diverged"], t["searched"]) for norm, mine in lines.items() for pts in mine.values()
+             for t in pts]
     return hashlib.sha256(json.dumps(drawn, default=str).encode()).hexdigest()[:16]
 
 
@@ -396,8 +397,10 @@ def robustness_table(x: str) -> None:
         return
     lines = robustness_lines(runs, x, TUNED)
     xs = sorted({t[x] for mine in lines.values() for pts in mine.values() for t in pts})
-    print(f"{held} = {value}. Cell: worst case over the attacks run (%) [95% CI] (seeds), the lr tuned at that "
-          f"point, the clean accuracy; a diverged run counts at chance and is counted. {tuning_status()}\n")
+    print(f"{held} = {value}. Cell: worst case over the attacks run (%) [95% CI] (seeds), \"searched\" where a "
+          f"confirmed attack search's attack is among them (elsewhere the catalogue's only: such a point can still "
+          f"fall), the lr tuned at that point, the clean accuracy; a diverged run counts at chance and is counted. "
+          f"{tuning_status()}\n")
     for norm, mine in lines.items():
         print(f"{norm_words(norm)}:\n")
         print(f"| defense | {' | '.join(f'{x} = {v:g}' for v in xs)} |")
@@ -414,7 +417,8 @@ def robustness_table(x: str) -> None:
                 e = Estimate(t["seeds"], t["worst_acc"], t["ci_low"], t["ci_high"], t["worst_std"])
                 dv = f", {t['worst_diverged']} diverged" if t["worst_diverged"] else ""
                 clean = "" if t["no_attack_acc"] is None else f"; clean {100 * t['no_attack_acc']:.1f}"
-                cells.append(f"{interval_cell(e)}{dv}, lr {t['lr']:g}{clean}")
+                searched = ", searched" if t["searched"] else ""
+                cells.append(f"{interval_cell(e)}{dv}{searched}, lr {t['lr']:g}{clean}")
             print(f"| {words} | {' | '.join(cells)} |")
         print()
     digest = _curve_digest(lines)

@@ -44,6 +44,7 @@ from .worst import (  # noqa: E402
     TIED,
     defense_map,
     setting_groups,
+    source_kind,
     worst_case,
 )
 
@@ -300,7 +301,8 @@ def robustness_lines(rows: list[dict[str, Any]], x: str, tuned: Iterable[str] = 
     """{norm: {a defense's line key: its worst-case table rows (robustbn.worst) along `x`}}: a
     line is a defense with every setting field but `x` (and the `tuned` fields, each point's
     own: `robustbn tune`) fixed; each point carries `worst_diverged`, the runs of its worst
-    attack that diverged (counted at chance)."""
+    attack that diverged (counted at chance), and `searched`, whether a confirmed attack
+    search's runs are among its attacks (their `source`: searched_worst_*.toml)."""
     if x not in ROBUSTNESS_X:
         raise ValueError(f"--x {x}: a robustness curve runs along one of {', '.join(ROBUSTNESS_X)}")
     tuned = tuple(tuned)
@@ -319,7 +321,8 @@ def robustness_lines(rows: list[dict[str, Any]], x: str, tuned: Iterable[str] = 
         worst = [r for r in runs if t["worst_attack"] not in (None, NO_ATTACK)
                  and all(hashable(r.get(k)) == hashable(t[f"worst_{k}"]) for k in ATTACK_FIELDS)]
         t["worst_diverged"] = sum(accuracy(r)[1] for r in worst)
-    fixed = varying(table, set(RESULT) | {"norm", x, "worst_diverged", *tuned})
+        t["searched"] = any(source_kind(r["source"]) == SEARCHED for r in runs if r.get("source"))
+    fixed = varying(table, set(RESULT) | {"norm", x, "worst_diverged", "searched", *tuned})
     out: dict[str, dict[tuple, list[dict[str, Any]]]] = {}
     for norm in sorted({t["norm"] for t in table}, key=norm_order):
         lines = group([t for t in table if t["norm"] == norm], fixed)
@@ -333,14 +336,15 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
                       tuned: Iterable[str] = ()):
     """One panel per norm protocol; a line per defense: its worst-case accuracy over the attacks
     run (catalogue and confirmed searched) along `x`, the 95% band over the worst attack's seeds,
-    its clean accuracy dashed, and a cross at a point whose worst attack made runs diverge. A
+    its clean accuracy dashed, a ring where an attack search was confirmed (the point's worst
+    case is over more attacks), and a cross at a point whose worst attack made runs diverge. A
     defense keeps its color and marker in every panel. `tuned` (lr): each point's own value is
     written beside it."""
     tuned = tuple(tuned)
     lines = robustness_lines(rows, x, tuned)
     # a defense with a line per value of another setting (f along gamma, say): each line names it
     points = [t for mine in lines.values() for pts in mine.values() for t in pts]
-    apart = [k for k in varying(points, set(RESULT) | {"norm", x, "worst_diverged", *tuned})
+    apart = [k for k in varying(points, set(RESULT) | {"norm", x, "worst_diverged", "searched", *tuned})
              if k not in DEFENSE_FIELDS | {"defense", "server_data"}]
     name = lambda t: t["defense"] + "".join(f" ({k}={text(t.get(k))})" for k in apart) + \
         (f" ({t['server_data']})" if t.get("server_data") else "")
@@ -374,6 +378,10 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
                                      for k in tuned), (t[x], t["worst_acc"]), xytext=(4, 4 + 7 * list(mine).index(
                                          next(k for k, v in mine.items() if v is pts))),
                             textcoords="offset points", fontsize=6, color=color, gid="tuned")
+            searched = [t for t in known if t["searched"]]  # its worst case is over more attacks than a bare point's
+            if searched:
+                ax.scatter([t[x] for t in searched], [t["worst_acc"] for t in searched], marker="o", s=110,
+                           facecolors="none", edgecolors="black", linewidths=1.0, zorder=4, gid="searched")
             bad = [t for t in known if t["worst_diverged"]]
             if bad:
                 ax.scatter([t[x] for t in bad], [t["worst_acc"] for t in bad], marker="x", s=70, color="black",
@@ -390,6 +398,10 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
     if any(t["no_attack_acc"] is not None for t in points):
         legend.append(plt.Line2D([], [], color="gray", linestyle="--", marker="o", markerfacecolor="none"))
         words.append("clean accuracy (no attack), the defense's color")
+    if any(t["searched"] for t in points):
+        legend.append(plt.Line2D([], [], color="black", marker="o", markersize=9, markerfacecolor="none",
+                                 linestyle="none"))
+        words.append("ringed: a confirmed attack search ran at this point (elsewhere the catalogue's attacks only)")
     if any(t["worst_diverged"] for t in points):
         legend.append(plt.Line2D([], [], color="black", marker="x", linestyle="none"))
         words.append("the worst attack's runs diverged (counted at chance)")

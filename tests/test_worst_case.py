@@ -494,6 +494,30 @@ def test_robustness_curves_draw_the_worst_case_along_x_with_clean_dashed_and_div
     assert len(err.splitlines()) == 1 and "--x seed" in err and "gamma, f, alpha" in err
 
 
+def test_a_point_with_a_confirmed_search_is_marked_searched_and_ringed(tmp_path):
+    """A searched attack's runs (source searched_worst_*.toml) at one point: that point is
+    `searched` and ringed in the figure, the others are not (their worst case is over the
+    catalogue's attacks only), whether or not the search's attack is the worst there."""
+    from robustbn.plots import robustness_lines
+
+    with robustness_store(tmp_path / "r.sqlite") as store:
+        found = {add(store, 0.9, norm="fbn", f=3, seed=seed, gamma=1.0, **DEFENSES["mean"], grad_attack="sf")
+                 for seed in (0, 1)}
+        # each row with the file that holds it, as robustbn.worst.matrix_rows gives them
+        rows = [{**r, "source": "scenarios/tuned/searched_worst_fbn_mean_gamma_1_0.toml" if r["hash"] in found
+                 else "scenarios/tuned/tuned_fbn_mean.toml"} for r in store.rows()]
+    lines = robustness_lines(rows, "gamma")
+    marked = {(norm, pts[0]["defense"], t["gamma"]) for norm, mine in lines.items() for pts in mine.values()
+              for t in pts if t["searched"]}
+    assert marked == {("fbn", MEAN_DEFENSE, 1.0)}
+    fig = figure(rows, "robustness", x="gamma")
+    panels = [a for a in fig.axes if a.get_title()]
+    rings = lambda ax: [c.get_offsets().tolist() for c in ax.collections if c.get_gid() == "searched"]
+    fbn_mean = next(pts for pts in lines["fbn"].values() if pts[0]["defense"] == MEAN_DEFENSE)
+    assert rings(panels[1]) == [[[1.0, pytest.approx(fbn_mean[-1]["worst_acc"])]]] and rings(panels[0]) == []
+    assert any("a confirmed attack search ran" in t.get_text() for t in fig.legends[0].get_texts())
+
+
 def test_the_map_names_the_best_or_the_tied_set_per_cell_by_the_paired_rule(tmp_path, capsys):
     from robustbn.worst import BEST, ONLY, TIED, defense_map
 
