@@ -260,7 +260,7 @@ def planned_defenses() -> dict[tuple, int]:
     """How many defenses the tuning plans per curve_cell: a map cell's full set."""
     plan, _, by_hash = tuning_plan()
     planned = defaultdict(set)
-    for h in plan.hashes:
+    for h in sorted(plan.hashes):  # a set: its order would change with each process's string hashing
         row = expand_channels(by_hash[h].to_dict())
         planned[curve_cell(row)].add(plan.identity(row))
     return {k: len(v) for k, v in planned.items()}
@@ -485,6 +485,16 @@ def f_sweep_level() -> None:
               f"the f sweep holds gamma = {held:g} as the file was set.")
 
 
+SEARCHED_WORDS, NOT_SEARCHED = ", searched", ", not searched yet"
+
+
+def search_notes() -> dict[tuple, str]:
+    """The words after each pick a search could change, by (norm, threat, gamma, f, defense):
+    searched (confirmed) or not yet."""
+    return {(c["norm"], c["threat"], c["gamma"], c["f"], p["defense"]): SEARCHED_WORDS if done else NOT_SEARCHED
+            for c, p, done in curve_search_rows()[0]}
+
+
 def robustness_map() -> None:
     """Which defense to use where, per protocol and threat model: the paired rule's pick (or the
     tied set) at each (f, gamma) point of the curves, each at its tuned lr."""
@@ -496,16 +506,22 @@ def robustness_map() -> None:
         print(f"No map yet: it needs the curves' runs. {tuning_status()}")
         return
     xs, ys, panels = map_panels(defense_map(runs, "gamma", "f", TUNED, expected_defenses))
+    # the picks a search could change: searched (confirmed) or not yet
+    searched = search_notes()
     for norm, threat, here in panels:
         print(f"{norm_words(norm)}, {'root-free' if threat is None else 'trusted server data (' + threat + ')'}:\n")
         print(f"| f \\ gamma | {' | '.join(f'{g:g}' for g in xs)} |")
         print(f"|---|{'---|' * len(xs)}")
         for f in ys:
-            row = [f"{pick_head(c)}: " + "; ".join(f"{p['defense']} {100 * p['worst_acc']:.1f} (lr {p['lr']:g})"
+            row = [f"{pick_head(c)}: " + "; ".join(f"{p['defense']} {100 * p['worst_acc']:.1f} (lr {p['lr']:g}"
+                                                 f"{searched.get((norm, threat, g, f, p['defense']), '')})"
                                                  for p in c["picks"]) if (c := here.get((f, g))) else ""
                    for g in xs]
             print(f"| {f} | {' | '.join(row)} |")
         print()
+    if any(state == NOT_SEARCHED for state in searched.values()):
+        print(f"A pick marked \"{NOT_SEARCHED.removeprefix(', ')}\" stands on the catalogue's attacks only: its search "
+              f"(listed below) can still lower it and change the cell.\n")
 
 
 # a search cannot lower a defense already at chance (a diverged run counts there): a pick within a
@@ -528,24 +544,18 @@ def _search_space(norm: str, defense: str) -> str:
     return str(next((p for same, p in files if same), files[0][1]).relative_to(ROOT))
 
 
-def curve_searches() -> None:
-    """Where a search could change the map: at each point and threat model with two defenses or
-    more, every picked defense (the best, or each tied for it) that stands above chance is
-    searched at its tuned lr and the attack found is confirmed on seeds 0-4 (a tied pick at
-    chance has nothing left for the map to lose; one whose confirmation brought it there stays
-    listed). A confirmation can change the pick; the next run of this
-    section then lists the new pick's search."""
+def curve_search_rows() -> tuple[tuple, tuple]:
+    """(rows, left) of curve_searches: each pick a search could change as (cell, pick, whether
+    its search is confirmed), and the commands of the searches left."""
     import hashlib
 
-    from robustbn.labels import norm_words
     from robustbn.matrix import expand, read
     from robustbn.stats import chance as chance_of
     from robustbn.worst import BEST, TIED, defense_map
 
     runs = curve_runs()
     if not runs:
-        print(f"No search yet: the searches follow the curves' picks. {tuning_status()}")
-        return
+        return (), ()
     chance = chance_of(runs[0])
     tuned = {}  # (norm, defense, gamma, f) -> its tuned file
     for path in tuned_files():
@@ -573,6 +583,22 @@ def curve_searches() -> None:
                 left.append(f"robustbn attack-search {_search_space(c['norm'], p['defense'])} --on {path} "
                             f"--sampler-seed {sampler} --db results/board.sqlite --confirm {confirm} && "
                             f"robustbn run {confirm} --db results/board.sqlite")
+    return tuple(rows), tuple(left)
+
+
+def curve_searches() -> None:
+    """Where a search could change the map: at each point and threat model with two defenses or
+    more, every picked defense (the best, or each tied for it) that stands above chance is
+    searched at its tuned lr and the attack found is confirmed on seeds 0-4 (a tied pick at
+    chance has nothing left for the map to lose; one whose confirmation brought it there stays
+    listed). A confirmation can change the pick; the next run of this
+    section then lists the new pick's search."""
+    from robustbn.labels import norm_words
+
+    if not curve_runs():
+        print(f"No search yet: the searches follow the curves' picks. {tuning_status()}")
+        return
+    rows, left = curve_search_rows()
     print(f"{sum(done for *_, done in rows)} of the {len(rows)} picks a search could change are searched and "
           f"confirmed (at points with two defenses or more, each pick standing more than {100 * ABOVE_CHANCE:g} "
           f"point above chance, or searched already; each search on seeds 10 and 11 at the defense's tuned lr, its attack confirmed on seeds "
@@ -1309,7 +1335,7 @@ def curve_cost_table() -> None:
     """Per protocol and curve, the runs finished at its points so far and their hours: the
     tuning (seeds 10, 11), the tuned files' and confirmations' reported runs (seeds 0-4), and
     the searches' trials; with how many of its tuned points have all their runs."""
-    from robustbn.labels import norm_words
+    from robustbn.labels import norm_order, norm_words
 
     tuning = {r["hash"] for r in tuning_runs()}
     reported = {r["hash"] for f in tuned_files() + curve_confirmations() for r in own_seed_runs(f)}
@@ -1318,7 +1344,7 @@ def curve_cost_table() -> None:
     print("| protocol | along | tuned points with every run | tuning runs | reported runs | search trials | "
           "CPU hours (runs) | GPU run-hours (runs) |")
     print("|---|---|---|---|---|---|---|---|")
-    for norm in dict.fromkeys(cell[0] for cell in planned_defenses()):
+    for norm in sorted({cell[0] for cell in planned_defenses()}, key=norm_order):  # the figures' order
         for x, (held, value) in SWEEPS.items():
             def on(r):
                 return r["norm"] == norm and float(r[held]) == value
@@ -1441,7 +1467,7 @@ def page(out: Path = PAGE) -> Path:
 
     curves = curve_runs()
     return write_page(board_runs(), out, robustness=robustness_html(curves, TUNED, SWEEPS, tuning_status(),
-                                                                    expected_defenses))
+                                                                    expected_defenses, search_notes()))
 
 
 def page_check(outs: list[Path] = (PAGE,)) -> int:

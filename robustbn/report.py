@@ -464,11 +464,13 @@ def recommendations_html(board: Board) -> str:
 
 def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] = ("lr",),
                     sweeps: dict[str, tuple[str, Any]] | None = None, pending: str = "",
-                    expected=None) -> str:
+                    expected=None, notes: dict[tuple, str] | None = None) -> str:
     """The robustness section: per protocol and threat model, which defense to use at each (f,
     gamma) point (robustbn.worst.defense_map, each pick at its tuned values) as an HTML table,
     then the worst case along each sweep (x: the other field held), as figures. `pending`: what
-    to say where there is no run yet; `expected`: defense_map's (how many defenses a cell is to have)."""
+    to say where there is no run yet; `expected`: defense_map's (how many defenses a cell is to
+    have); `notes`: words after a pick's tuned values, by (norm, threat, gamma, f, defense)
+    (whether its attack search is confirmed)."""
     from .plots import figure
     from .worst import defense_map, map_panels, pick_head
 
@@ -486,8 +488,8 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
             for g in xs:
                 c = here.get((f, g))
                 picks = "" if c is None else "".join(
-                    f"<small>{e(p['defense'])} {pct(p['worst_acc'])} ({e(', '.join(f'{k} {p[k]}' for k in tuned))})"
-                    f"</small>" for p in c["picks"])
+                    f"<small>{e(p['defense'])} {pct(p['worst_acc'])} ({e(', '.join(f'{k} {p[k]}' for k in tuned))}"
+                    f"{e((notes or {}).get((norm, data, g, f, p['defense']), ''))})</small>" for p in c["picks"])
                 tds.append("<td>-</td>" if c is None else f"<td><b>{e(pick_head(c))}</b>{picks}</td>")
             rows.append(f'<tr><th scope="row">f = {f}</th>{"".join(tds)}</tr>')
         head = "".join(f'<th scope="col">gamma = {g:g}</th>' for g in xs)

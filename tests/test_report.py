@@ -437,6 +437,10 @@ def test_the_robustness_section_maps_the_picks_at_their_tuned_values(tmp_path):
         (p,) = expect[gamma]["picks"]
         assert cell.startswith("<b>use</b>") and f"{p['defense']} {100 * p['worst_acc']:.1f} (lr {p['lr']})" in cell
     assert page.count('<img alt="Worst case along gamma at f = 3') == 1
+    # a note after a pick's tuned values (whether its attack search is confirmed), that pick's only
+    (p,) = expect[1.0]["picks"]
+    noted = robustness_html(rows, ("lr",), notes={("fbn", None, 1.0, 3, p["defense"]): ", not searched yet"})
+    assert re.findall(r"\(lr [0-9.]+, not searched yet\)", noted) == [f"(lr {p['lr']}, not searched yet)"]
     assert robustness_html([], pending="Not run yet.") == "<p>Not run yet.</p>"
     assert robustness_html([], pending="Run `robustbn tune a<b.toml`.") == \
         "<p>Run <code>robustbn tune a&lt;b.toml</code>.</p>"

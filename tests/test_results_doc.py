@@ -235,6 +235,10 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     confirm = f"{tables.TUNED_DIR}/searched_worst_fbn_nnm_median_gamma_1.toml"
     assert f"--on {tables.TUNED_DIR}/tuned_fbn_nnm_median_gamma_1.toml" in command and f"--confirm {confirm}" in command
     assert "| FBN | root-free | 1 | 3 | mean on the gradients, nnm+median on the mean and variance (lr 0.01) | 82.0" in out and "| not yet |" in out
+    tables.robustness_map()  # the map says which picks stand on the catalogue's attacks only
+    out = capsys.readouterr().out
+    assert "nnm+median on the mean and variance 82.0 (lr 0.01, not searched yet)" in out
+    assert 'A pick marked "not searched yet" stands on the catalogue\'s attacks only' in out
     (tmp_path / confirm).write_text("")
     searched = [{**r, "source": confirm} if r["gamma"] == 1.0 and r["bn_agg"] == "nnm+median" else r for r in runs]
     monkeypatch.setattr(tables, "curve_runs", lambda x=None: searched)
@@ -247,6 +251,9 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     tables.curve_searches()
     out = capsys.readouterr().out
     assert "1 of the 1 picks a search could change are searched" in out and "robustbn attack-search" not in out
+    tables.robustness_map()
+    out = capsys.readouterr().out
+    assert "82.0 (lr 0.01, searched)" in out and "not searched yet" not in out
     # the same runs made on a GPU (their hashes are the GPU's) finish the confirmation too
     from robustbn.store import scenario_hash
     monkeypatch.setattr(tables, "own_seed_runs",
