@@ -32,7 +32,7 @@ from aggregators.plugins import search_path
 
 from .checkpoint import (Checkpointer, Interrupted, checkpoint_dir, clear_stop, install_stop_handlers, request_stop,
                          stop_requested)
-from .scenario import Scenario
+from .scenario import Scenario, devices_checked_where_they_run
 from .store import FINISHED, LEASE_S, Store, new_owner, same_run_hashes
 
 _DATA_CACHE: dict = {}
@@ -413,6 +413,12 @@ class _Heartbeat:
         self.thread.join()
 
 
+def sends_gpu_tasks(executor: str, ray_options: RayOptions | None) -> bool:
+    """Ray tasks given GPUs: each worker checks its own CUDA device when it builds its scenario,
+    so the driver (a CPU-only head node, say) need have none."""
+    return executor == "ray" and ray_options is not None and ray_options.gpus_per_run > 0
+
+
 def run_matrix(scenarios: list[Scenario], store: Store, source: str | Callable[[Scenario], str] = "", jobs: int = 1,
                device: str | None = None, progress: bool = True, executor: str = "local",
                shard: tuple[int, int] | None = None, ray_options: RayOptions | None = None,
@@ -425,7 +431,8 @@ def run_matrix(scenarios: list[Scenario], store: Store, source: str | Callable[[
     once the outcomes are in. `source`: the file the runs come from, or a function giving a
     scenario's (runs of several files in one pool of workers)."""
     source_of = source if callable(source) else (lambda sc: source)
-    todo, skipped, total = pending(scenarios, store, device, shard)
+    with devices_checked_where_they_run() if sends_gpu_tasks(executor, ray_options) else nullcontext():
+        todo, skipped, total = pending(scenarios, store, device, shard)
     summary = Summary(total=total, skipped=skipped)
     clear_stop()
     if not todo:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import inspect
@@ -117,10 +119,26 @@ def _typed(name: str, v, annotation) -> None:
         raise ScenarioError(name, f"must be {either}, got {v!r}")
 
 
+# False where the runs go to other machines that check their own devices (Ray tasks given GPUs,
+# sent from a head node that may have none)
+_DEVICES_RUN_HERE = contextvars.ContextVar("devices_run_here", default=True)
+
+
+@contextlib.contextmanager
+def devices_checked_where_they_run():
+    """Scenarios made inside check their device's form only: a CUDA device is checked by the
+    worker that runs the scenario (it builds it again there), not by this machine."""
+    token = _DEVICES_RUN_HERE.set(False)
+    try:
+        yield
+    finally:
+        _DEVICES_RUN_HERE.reset(token)
+
+
 def _device(v) -> str:
     if not isinstance(v, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", v):
         raise ScenarioError("device", f"allowed: 'cpu', 'cuda', 'cuda:N'; got {v!r}")
-    if v != "cpu":
+    if v != "cpu" and _DEVICES_RUN_HERE.get():
         if not torch.cuda.is_available():
             raise ScenarioError("device", "CUDA is not available on this machine; use device = 'cpu'")
         count, index = torch.cuda.device_count(), int(v.partition(":")[2] or 0)
@@ -569,6 +587,8 @@ class Scenario:
     def _check_memory(self) -> None:
         """Refuse a round that clearly cannot fit in the device's memory (it would be killed
         mid-run): only where even `memory_estimate`'s lower bound exceeds it."""
+        if self.device != "cpu" and not _DEVICES_RUN_HERE.get():
+            return  # a worker's GPU: checked there
         estimate, total = self.memory_estimate(), device_memory(self.device)
         if estimate is not None and total is not None and estimate[0] > total:
             need, name, what = estimate

@@ -1,6 +1,7 @@
 """Scaling out: shards of a matrix, merging stores, and the Ray executor (on a local Ray
 instance bound to loopback)."""
 
+import contextvars
 import os
 import signal
 import sqlite3
@@ -112,6 +113,59 @@ def test_ray_executor_without_ray_says_how_to_install_it(tmp_path, capsys, monke
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     assert main(["run", str(write(tmp_path)), "--db", str(tmp_path / "r.sqlite"), "--quiet", "--executor", "ray"]) == 2
     assert "pip install 'robustbn[ray]'" in capsys.readouterr().err
+
+
+class _RayStandIn:
+    """Just enough of Ray's API for the driver: each task "runs on a worker" when its result is
+    asked for, in this process but in a fresh context, and is recorded with the resources it
+    asked for."""
+
+    def __init__(self):
+        self.tasks = []
+
+    def is_initialized(self): return False
+    def init(self, **kw): pass
+    def shutdown(self): pass
+    def cancel(self, ref, force=False): pass
+    def wait(self, refs, num_returns=1, timeout=None): return refs[:1], refs[1:]
+    def get(self, ref): return ref()
+
+    def remote(self, fn):
+        ray = self
+
+        class Task:
+            def options(self, **resources):
+                self.resources = resources
+                return self
+
+            def remote(self, *args):
+                ray.tasks.append((args[0], self.resources))
+                return lambda: contextvars.Context().run(fn, *args)  # a worker: none of the driver's context
+        return Task()
+
+
+def test_a_cpu_only_head_sends_cuda_runs_to_gpu_workers_which_check_their_own(tmp_path, capsys, monkeypatch):
+    """With --gpus-per-run > 0 the driver need have no GPU: each run goes out on cuda, and the
+    worker that builds it checks its device (here a worker without CUDA, whose runs fail)."""
+    import sys
+
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    ray = _RayStandIn()
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    matrix, db = str(write(tmp_path)), str(tmp_path / "r.sqlite")
+    assert main(["run", matrix, "--db", db, "--quiet", "--executor", "ray", "--device", "cuda"]) == 2
+    assert "needs --gpus-per-run > 0" in capsys.readouterr().err and not ray.tasks
+    assert main(["run", matrix, "--db", db, "--quiet", "--executor", "ray", "--device", "cuda",
+                 "--gpus-per-run", "0.5"]) == 1
+    assert len(ray.tasks) == 8
+    assert all(values["device"] == "cuda" and resources["num_gpus"] == 0.5 for values, resources in ray.tasks)
+    err = capsys.readouterr().err
+    assert err.count("CUDA is not available on this machine") == 8 and "Traceback" not in err
+    assert {status for status, _ in histories(db).values()} == {"failed"}
+    # without Ray, this machine is where the runs run: refused before anything is stored
+    assert main(["run", matrix, "--db", str(tmp_path / "local.sqlite"), "--quiet", "--device", "cuda"]) == 2
+    assert "CUDA is not available on this machine; use --device cpu" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,7 @@ def run_and_report(values_scenarios, source, args, label: str = "", checked: boo
     """Run a file's scenarios and print one summary line (after `label`). `checked`: the size
     check was made on every file's runs together (run with several files)."""
     from ..checkpoint import Interrupted, checkpoint_dir
-    from ..execute import MAX_JOBS, RayOptions, parse_shard, run_matrix
+    from ..execute import MAX_JOBS, RayOptions, parse_shard, run_matrix, sends_gpu_tasks
     from ..store import Store
 
     _, scenarios = values_scenarios
@@ -74,9 +74,11 @@ def run_and_report(values_scenarios, source, args, label: str = "", checked: boo
         ray_options = RayOptions(args.address, args.cpus_per_run, args.gpus_per_run, args.retries)
     elif getattr(args, "address", None):
         raise UsageError("--address is for --executor ray")
-    # with Ray too: each scenario is checked here, where the driver runs (a CPU-only head node cannot send runs
-    # to GPU workers yet)
-    check_device_here(args.device)
+    if executor == "ray" and args.device == "cuda" and not sends_gpu_tasks(executor, ray_options):
+        raise UsageError("--device cuda with --executor ray needs --gpus-per-run > 0 (e.g. 0.25 runs four at once "
+                         "on each GPU)")
+    if not sends_gpu_tasks(executor, ray_options):  # else each Ray worker checks its own GPU
+        check_device_here(args.device)
     store = Store(args.db)
     try:
         summary = run_matrix(scenarios, store, source=source, jobs=args.jobs, device=args.device,
@@ -127,6 +129,17 @@ def _warn_nonfinite(db: str, scenarios, device: str | None) -> None:
 
 @fail_cleanly
 def cmd_run(args) -> int:
+    from contextlib import nullcontext
+
+    from ..scenario import devices_checked_where_they_run
+
+    # Ray tasks given GPUs: a CUDA device is checked by the worker that runs it, not by this head node
+    sent = args.executor == "ray" and args.gpus_per_run > 0
+    with devices_checked_where_they_run() if sent else nullcontext():
+        return _run_files(args)
+
+
+def _run_files(args) -> int:
     from ..matrix import load
 
     files = list(dict.fromkeys(args.file))  # a file named twice runs once
