@@ -112,7 +112,12 @@ def verdict(d: Estimate, higher: str = "higher", lower: str = "lower", min_pairs
 
 def diff(b_runs, a_runs, higher="higher", lower="lower", min_pairs: int = MIN_PAIRS) -> str:
     """B - A paired over seeds, in points: "+1.5 [1.4, 1.6] (2 pairs; 2 seeds, no verdict)"."""
-    d = paired(by_seed(a_runs), by_seed(b_runs))
+    return seeds_diff(by_seed(b_runs), by_seed(a_runs), higher, lower, min_pairs)
+
+
+def seeds_diff(b: dict, a: dict, higher="higher", lower="lower", min_pairs: int = MIN_PAIRS) -> str:
+    """`diff` of two {seed: accuracy}."""
+    d = paired(a, b)
     if not d.n:
         return "no seed in common"
     ci = ci_text(d.low, d.high, d.n, scale=100, digits=1, unit="pair")
@@ -483,6 +488,72 @@ def f_sweep_level() -> None:
         print(f"No protocol's best root-free row on the board stands within {100 * NEAR_CHANCE:.0f} points of chance "
               f"at gamma = 0 now; "
               f"the f sweep holds gamma = {held:g} as the file was set.")
+
+
+def curve_findings() -> None:
+    """What the curves say, paired over seeds (each point's worst attack, its per-seed accuracy):
+    how each defense's worst case moves from one end of a sweep to the other, and at each point
+    what the server's clean data buys, the trusted defense against the root-free pick."""
+    from robustbn.labels import norm_order, norm_words
+    from robustbn.matrix import read
+    from robustbn.plots import robustness_lines
+    from robustbn.stats import chance as chance_of
+
+    searched = search_notes()
+
+    def est(t) -> str:  # its worst case, and whether a search could still lower it
+        e = Estimate(t["seeds"], t["worst_acc"], t["ci_low"], t["ci_high"], t["worst_std"])
+        return interval_cell(e) + searched.get((t["norm"], t.get("server_data"), t["gamma"], t["f"], t["defense"]), "")
+
+    def named(t) -> str:
+        return t["defense"] + (f" ({t['server_data']})" if t.get("server_data") else "")
+
+    def difference(b, a) -> str:
+        if max(a["worst_acc"], b["worst_acc"]) - chance < ABOVE_CHANCE:
+            return "both at chance"
+        return seeds_diff(b["worst_by_seed"], a["worst_by_seed"])
+
+    runs = curve_runs()
+    if not runs:
+        print(f"Nothing to compare yet. {tuning_status()}")
+        return
+    chance, values = chance_of(runs[0]), read(ROOT / ROBUSTNESS_MATRIX)
+    print("How each defense's worst case moves from one end of a sweep to the other, each end at its tuned lr "
+          "(difference: the far end - the near end, paired over the seeds both ran; \"both at chance\" where "
+          "neither stands a point above it). \"not searched yet\": a pick whose attack search has not run, which "
+          "can still fall (\"Which defense to use where\").\n")
+    print("| protocol | defense | along | near end | far end | difference |")
+    print("|---|---|---|---|---|---|")
+    points = {}  # (norm, gamma, f) -> its finished points, by defense
+    for x, (held, value) in SWEEPS.items():
+        if not (mine := curve_runs(x)):
+            continue
+        near, far = min(values[x]), max(values[x])
+        for norm, lines in robustness_lines(mine, x, TUNED).items():
+            for pts in lines.values():
+                at = {t[x]: t for t in pts if t["worst_acc"] is not None}
+                for t in at.values():
+                    points.setdefault((norm, t["gamma"], t["f"]), {})[named(t)] = t
+                a, b = at.get(near), at.get(far)
+                cells = [f"{x} = {v:g}: {est(t)}" if t else f"{x} = {v:g}: not finished"
+                         for v, t in ((near, a), (far, b))]
+                print(f"| {norm_words(norm)} | {named(pts[0])} | {x} ({held} = {value:g}) | {' | '.join(cells)} | "
+                      f"{difference(b, a) if a and b else '-'} |")
+    print("\nWhat the server's clean data buys at each point: the trusted defense against the root-free pick (the "
+          "highest pooled worst case of the root-free defenses run there; difference: trusted - root-free, paired "
+          "over seeds).\n")
+    print("| protocol | gamma | f | trusted | root-free pick | difference |")
+    print("|---|---|---|---|---|---|")
+    for (norm, gamma, f), here in sorted(points.items(), key=lambda kv: (norm_order(kv[0][0]), kv[0][1:])):
+        free = [t for t in here.values() if not t.get("server_data")]
+        if not free:
+            continue
+        pick = max(free, key=lambda t: t["worst_acc"])
+        planned = expected_defenses(norm, None, gamma, f)
+        left = f" ({len(free)} of {planned} root-free defenses finished)" if planned and len(free) < planned else ""
+        for trusted in (t for t in here.values() if t.get("server_data")):
+            print(f"| {norm_words(norm)} | {gamma:g} | {f} | {named(trusted)}: {est(trusted)} | {pick['defense']}: "
+                  f"{est(pick)}{left} | {difference(trusted, pick)} |")
 
 
 SEARCHED_WORDS, NOT_SEARCHED = ", searched", ", not searched yet"

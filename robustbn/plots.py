@@ -33,7 +33,7 @@ from .labels import (  # noqa: E402
     text,
     varying,
 )
-from .stats import ACCURACY, CLIPPED_WORDS, MIN_PAIRS, accuracy, bands, ci_text, interval  # noqa: E402
+from .stats import ACCURACY, CLIPPED_WORDS, MIN_PAIRS, accuracy, bands, by_seed, ci_text, interval  # noqa: E402
 from .worst import (  # noqa: E402
     ATTACK_FIELDS,
     BEST,
@@ -296,13 +296,18 @@ def worst_case_figure(rows, title: str | None = None):
     return fig
 
 
+# what robustness_lines adds to each worst-case row: no setting field
+POINT_EXTRAS = ("worst_diverged", "searched", "worst_by_seed")
+
+
 def robustness_lines(rows: list[dict[str, Any]], x: str, tuned: Iterable[str] = ()
                      ) -> dict[str, dict[tuple, list[dict[str, Any]]]]:
     """{norm: {a defense's line key: its worst-case table rows (robustbn.worst) along `x`}}: a
     line is a defense with every setting field but `x` (and the `tuned` fields, each point's
     own: `robustbn tune`) fixed; each point carries `worst_diverged`, the runs of its worst
-    attack that diverged (counted at chance), and `searched`, whether a confirmed attack
-    search's runs are among its attacks (their `source`: searched_worst_*.toml)."""
+    attack that diverged (counted at chance), `searched`, whether a confirmed attack search's
+    runs are among its attacks (their `source`: searched_worst_*.toml), and `worst_by_seed`, its
+    worst attack's accuracy per seed (what a paired comparison of two points pairs)."""
     if x not in ROBUSTNESS_X:
         raise ValueError(f"--x {x}: a robustness curve runs along one of {', '.join(ROBUSTNESS_X)}")
     tuned = tuple(tuned)
@@ -322,7 +327,8 @@ def robustness_lines(rows: list[dict[str, Any]], x: str, tuned: Iterable[str] = 
                  and all(hashable(r.get(k)) == hashable(t[f"worst_{k}"]) for k in ATTACK_FIELDS)]
         t["worst_diverged"] = sum(accuracy(r)[1] for r in worst)
         t["searched"] = any(source_kind(r["source"]) == SEARCHED for r in runs if r.get("source"))
-    fixed = varying(table, set(RESULT) | {"norm", x, "worst_diverged", "searched", *tuned})
+        t["worst_by_seed"] = by_seed(worst)
+    fixed = varying(table, set(RESULT) | {"norm", x, *POINT_EXTRAS, *tuned})
     out: dict[str, dict[tuple, list[dict[str, Any]]]] = {}
     for norm in sorted({t["norm"] for t in table}, key=norm_order):
         lines = group([t for t in table if t["norm"] == norm], fixed)
@@ -344,7 +350,7 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
     lines = robustness_lines(rows, x, tuned)
     # a defense with a line per value of another setting (f along gamma, say): each line names it
     points = [t for mine in lines.values() for pts in mine.values() for t in pts]
-    apart = [k for k in varying(points, set(RESULT) | {"norm", x, "worst_diverged", "searched", *tuned})
+    apart = [k for k in varying(points, set(RESULT) | {"norm", x, *POINT_EXTRAS, *tuned})
              if k not in DEFENSE_FIELDS | {"defense", "server_data"}]
     name = lambda t: t["defense"] + "".join(f" ({k}={text(t.get(k))})" for k in apart) + \
         (f" ({t['server_data']})" if t.get("server_data") else "")

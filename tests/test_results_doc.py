@@ -425,3 +425,54 @@ def test_tuning_moved_reads_the_tuning_runs_of_every_device(capsys):
         row = next(line for line in out.splitlines() if line.startswith(f"| {norm_words(norm)} | {gamma:g} | {f} | "
                                                                          f"{'root-free' if data is None else 'trusted'} |"))
         assert sorted(float(x) for x in re.findall(r"\(lr ([0-9.]+)\)", row.split(" | ")[-1])) == sorted(lrs)
+
+
+def test_curve_findings_pair_each_sweeps_ends_and_the_trusted_defense_against_the_root_free_pick(
+        tmp_path, monkeypatch, capsys):
+    """curve_findings: per defense, the far end of the f sweep against the near end, paired over
+    seeds ("lower" where every seed fell; "both at chance" for a defense at chance at both
+    ends, whatever tiny difference its seeds have); per point, the trusted defense against the
+    highest root-free one, with the pick's search mark."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import tables
+    from test_worst_case import ATTACKS, DEFENSES, add
+
+    from robustbn.store import Store
+    from robustbn.worst import worst_case
+
+    trusted = dict(grad_agg="fltrust", bn_agg="nnm+median")
+    level = {  # (defense, f) -> seed 0's accuracy under the one attack; each seed adds 0.01 (chance: 0.1 - 0.001 s)
+        ("mean", 1): 0.1, ("mean", 4): 0.1, ("nnm+median", 1): 0.7, ("nnm+median", 4): 0.3,
+        ("fltrust", 1): 0.6, ("fltrust", 4): 0.55}
+    store = Store(tmp_path / "c.sqlite")
+    for (defense, f), acc in level.items():
+        fields = trusted if defense == "fltrust" else DEFENSES[defense]
+        for seed in range(5):
+            a = acc - 0.001 * seed if defense == "mean" else acc + 0.01 * seed
+            add(store, a, norm="fbn", f=f, gamma=0.1, lr=0.05, seed=seed, **fields, **ATTACKS["sf-mean"])
+    runs = store.rows()
+    store.close()
+    (tmp_path / "scenarios").mkdir()
+    (tmp_path / tables.ROBUSTNESS_MATRIX).write_text((ROOT / tables.ROBUSTNESS_MATRIX).read_text())
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    monkeypatch.setattr(tables, "curve_runs", lambda x=None: [
+        r for r in runs if x is None or float(r[tables.SWEEPS[x][0]]) == tables.SWEEPS[x][1]])
+    words = {t["defense"]: t for t in worst_case(runs, ("lr",))}
+    name = {d: next(w for w in words if (d == "fltrust") == ("fltrust" in w) and (d != "mean") == ("median" in w))
+            for d in ("mean", "nnm+median", "fltrust")}
+    monkeypatch.setattr(tables, "search_notes", lambda: {("fbn", None, 0.1, 4, name["nnm+median"]): ", not searched yet"})
+    tables.curve_findings()
+    out = capsys.readouterr().out.splitlines()
+    row = lambda *start: next(line for line in out if line.startswith("| " + " | ".join(start) + " |"))
+    assert row("FBN", name["mean"], "f (gamma = 0.1)").endswith("| both at chance |")
+    free = row("FBN", name["nnm+median"], "f (gamma = 0.1)")
+    assert "| f = 1: 72.0 [" in free and "| f = 4: 32.0 [" in free and ", not searched yet |" in free
+    assert free.endswith("| -40.0 [-40.0, -40.0] (5 pairs; lower) |")
+    assert row("FBN", name["fltrust"] + " (" + words[name["fltrust"]]["server_data"] + ")",
+               "f (gamma = 0.1)").endswith("| -5.0 [-5.0, -5.0] (5 pairs; lower) |")
+    # per point: trusted against the root-free pick (nnm+median, never the mean at chance)
+    at_1, at_4 = row("FBN", "0.1", "1"), row("FBN", "0.1", "4")
+    assert f"| {name['nnm+median']}: 72.0 [" in at_1 and at_1.endswith("| -10.0 [-10.0, -10.0] (5 pairs; lower) |")
+    assert ", not searched yet | +25.0 [25.0, 25.0] (5 pairs; higher) |" in at_4
+    assert not any(line.startswith("| FBN | 0.1 | 2 |") for line in out)
