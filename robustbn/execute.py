@@ -345,6 +345,22 @@ def ray_workers_at_normal_priority() -> Iterator[None]:
             os.environ.pop(RAY_NICENESS, None)
 
 
+def _check_gpus(ray, opts: RayOptions, local: bool) -> None:
+    """Tasks that ask for GPUs where the cluster has none would wait forever: refused on a Ray
+    instance of this machine (no GPU joins it later), said once on a cluster (an autoscaler may
+    add GPU nodes)."""
+    if opts.gpus_per_run <= 0:
+        return
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if gpus >= opts.gpus_per_run:
+        return
+    if local:
+        raise ExecutorError(f"--gpus-per-run {opts.gpus_per_run:g}: the Ray instance started on this machine has "
+                            f"{gpus:g} GPUs; give the cluster's --address, or run on the CPU (--gpus-per-run 0)")
+    print(f"robustbn: the Ray cluster has {gpus:g} GPUs now and each run asks for {opts.gpus_per_run:g}: the runs "
+          f"wait until a GPU node joins", file=sys.stderr)
+
+
 def _on_ray(todo: Todo, claim: Claim, opts: RayOptions, checkpointing: Checkpointing | None) -> Outcomes:
     try:
         import ray
@@ -358,6 +374,7 @@ def _on_ray(todo: Todo, claim: Claim, opts: RayOptions, checkpointing: Checkpoin
         with ray_workers_at_normal_priority() if opts.address is None else nullcontext():
             ray.init(address=opts.address, include_dashboard=False, log_to_driver=False)
     try:
+        _check_gpus(ray, opts, local=owns_connection and opts.address is None)
         # A task's own exceptions come back as {"error": ...} (deterministic: no retry); Ray
         # retries only tasks whose worker died, and a retried task resumes from its checkpoint.
         task = ray.remote(_run_as_ray_task).options(

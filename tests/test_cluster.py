@@ -120,9 +120,10 @@ class _RayStandIn:
     asked for, in this process but in a fresh context, and is recorded with the resources it
     asked for."""
 
-    def __init__(self):
-        self.tasks = []
+    def __init__(self, gpus: float = 0):
+        self.tasks, self.gpus = [], gpus
 
+    def cluster_resources(self): return {"CPU": 2.0, **({"GPU": self.gpus} if self.gpus else {})}
     def is_initialized(self): return False
     def init(self, **kw): pass
     def shutdown(self): pass
@@ -151,18 +152,28 @@ def test_a_cpu_only_head_sends_cuda_runs_to_gpu_workers_which_check_their_own(tm
 
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    ray = _RayStandIn()
+    ray = _RayStandIn(gpus=2)
     monkeypatch.setitem(sys.modules, "ray", ray)
     matrix, db = str(write(tmp_path)), str(tmp_path / "r.sqlite")
-    assert main(["run", matrix, "--db", db, "--quiet", "--executor", "ray", "--device", "cuda"]) == 2
+    cluster = ["--executor", "ray", "--address", "head:6379", "--device", "cuda"]
+    assert main(["run", matrix, "--db", db, "--quiet", *cluster]) == 2
     assert "needs --gpus-per-run > 0" in capsys.readouterr().err and not ray.tasks
-    assert main(["run", matrix, "--db", db, "--quiet", "--executor", "ray", "--device", "cuda",
-                 "--gpus-per-run", "0.5"]) == 1
+    assert main(["run", matrix, "--db", db, "--quiet", *cluster, "--gpus-per-run", "0.5"]) == 1
     assert len(ray.tasks) == 8
     assert all(values["device"] == "cuda" and resources["num_gpus"] == 0.5 for values, resources in ray.tasks)
     err = capsys.readouterr().err
     assert err.count("CUDA is not available on this machine") == 8 and "Traceback" not in err
     assert {status for status, _ in histories(db).values()} == {"failed"}
+    # a cluster without a GPU now: said, and the runs wait for one (an autoscaler may add it)
+    ray.gpus, ray.tasks = 0, []
+    assert main(["run", matrix, "--db", str(tmp_path / "wait.sqlite"), "--quiet", *cluster,
+                 "--gpus-per-run", "0.5"]) == 1
+    assert "the Ray cluster has 0 GPUs now" in capsys.readouterr().err and len(ray.tasks) == 8
+    # a Ray instance of this machine, which has none: refused, nothing sent
+    ray.tasks = []
+    assert main(["run", matrix, "--db", str(tmp_path / "none.sqlite"), "--quiet", "--executor", "ray",
+                 "--device", "cuda", "--gpus-per-run", "0.5"]) == 2
+    assert "the Ray instance started on this machine has 0 GPUs" in capsys.readouterr().err and not ray.tasks
     # without Ray, this machine is where the runs run: refused before anything is stored
     assert main(["run", matrix, "--db", str(tmp_path / "local.sqlite"), "--quiet", "--device", "cuda"]) == 2
     assert "CUDA is not available on this machine; use --device cpu" in capsys.readouterr().err
