@@ -267,8 +267,25 @@ def defense_of(path: str | Path) -> tuple[dict[str, Any], list[int]]:
         raise SearchError(f"--on {path}: key {several[0]!r} has several values ({kept[several[0]]!r}); --on takes a "
                           f"file of one defense at one setting (a tuned file of robustbn tune), its attacks and "
                           f"seeds aside")
-    expand({**kept, "seed": seeds[0]}, str(path))  # its fields checked under its own name
+    # its fields checked under its own name, every client sending (as its runs do): a rule that
+    # needs 2f < n holds for n messages, not for the n - f of Byzantine clients that send nothing
+    expand({**kept, **_sending(kept), "seed": seeds[0]}, str(path))
     return kept, [int(s) for s in seeds]
+
+
+def _sending(values: dict[str, Any]) -> dict[str, str]:
+    """Honest attacks on the channels the protocol of `values` sends, where it has Byzantine
+    clients (none otherwise: 'honest' needs f >= 1)."""
+    from .protocols import get as get_protocol
+
+    f = values.get("f", Scenario.f)
+    if not is_integer(f) or f < 1:
+        return {}
+    try:
+        sends = get_protocol(values.get("norm", Scenario.norm)).sends_statistics
+    except Exception:  # noqa: BLE001 (an unknown norm, a user's module that fails: expand names it)
+        return {}
+    return {"grad_attack": "honest", **({"bn_attack": "honest"} if sends else {})}
 
 
 def _space(table: dict, values: dict, base: Scenario, src: str) -> Space:

@@ -603,6 +603,20 @@ def test_on_searches_the_defense_of_a_tuned_file_at_its_setting(tmp_path, capsys
     assert {h for h, *_ in trials_of(other)} != {h for h, *_ in trials_of(db)}
 
 
+def test_on_checks_the_tuned_file_with_every_client_sending(tmp_path, capsys):
+    """A tuned file whose rule needs 2f < n of the messages it gets (trmean, n = 6, f = 2) holds
+    with every client sending, as its runs do; checked as if the Byzantine clients sent nothing
+    (4 messages), it was refused and the search never started."""
+    space = SPACE.format(seed=0).replace('attacks = ["none", "alie", "scale"]', 'attacks = ["alie", "scale"]')
+    template = write(tmp_path, (BASE + space).replace("[search]\n", "[search]\nseeds = [10, 11]\n"))
+    on = write(tmp_path, ON.replace('grad_agg = "median"', 'grad_agg = "trmean"').replace("n = 5", "n = 6")
+               .replace("f = 1", "f = 2"), "tuned.toml")
+    out = search(capsys, template, tmp_path / "s.sqlite", "--on", str(on), "--trials", "1")
+    assert out["trials"] == 1
+    with Store(tmp_path / "s.sqlite", readonly=True) as store:
+        assert {(r["grad_agg"], r["n"], r["f"]) for r in store.rows()} == {("trmean", 6, 2)}
+
+
 def test_on_takes_one_defense_and_held_out_seeds_in_one_line(tmp_path, capsys):
     db = tmp_path / "s.sqlite"
     template = write(tmp_path, (BASE + SPACE.format(seed=0)).replace("[search]\n", "[search]\nseeds = [10, 11]\n"))
