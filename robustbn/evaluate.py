@@ -500,46 +500,47 @@ def execute(plan: Plan, store, jobs: int = 1, progress: bool = True, checkpoint_
     protocol's attack search runs in a process of its own beside the clean and catalogue runs
     (it needs neither; a search is one trial after another, which would leave cores idle).
     Raises Interrupted on SIGINT or SIGTERM, every running run checkpointed."""
-    from .execute import run_matrix
+    from .execute import run_matrix, shared_workers
 
     failures = []
-    for norm in plan.protocols:
-        stages = {s.name: s for s in plan.stages if s.norm == norm}
-        s = stages["search"]
-        about = (f"{norm}: attack search ({s.runs} runs at most: {s.runs // len(TUNING_SEEDS)} trials of seeds "
-                 f"{', '.join(map(str, TUNING_SEEDS))}): {s.path}")
-        beside = _SearchProcess(s.path, store.path, checkpoint_every) if jobs >= 2 and s.todo else None
-        try:
-            if beside is not None:
-                log(f"{about}, in a process beside the matrices")
-            for name in ("clean", "catalogue"):
-                m = stages[name]
-                log(f"{norm}: {name} ({m.runs} runs, {m.todo} to do): {m.path}")
-                summary = run_matrix(expand(read(m.path), str(m.path)), store, source=str(m.path), jobs=jobs,
-                                     progress=progress, checkpoint_every=checkpoint_every)
-                failures += [f"{m.path}: run {h} failed: {e}" for h, e in summary.failed]
-            if beside is not None:
-                found = beside.wait(store, progress)
-            else:
-                log(about)
-                found = run_search(s.path, store, progress, checkpoint_every, log)
-        finally:
-            if beside is not None:
-                beside.stop()
-        if found is None:
-            failures.append(f"{s.path}: the search stopped with an error (above); run the same command again")
-            continue
-        confirm = stages["confirm"]
-        values = confirmation_values(s.path, found)
-        if values is None:
-            failures.append(f"{s.path}: no trial finished, so no attack to confirm")
-            continue
-        confirm.path.write_text(toml_text(carried_search_path(values, s.path.parent, confirm.path.parent)),
-                                encoding="utf-8")
-        log(f"{norm}: the found attack on seeds {', '.join(map(str, BOARD_SEEDS))}: {confirm.path}")
-        summary = run_matrix(expand(values, str(confirm.path)), store, source=str(confirm.path), jobs=jobs,
-                             progress=progress, checkpoint_every=checkpoint_every)
-        failures += [f"{confirm.path}: run {h} failed: {e}" for h, e in summary.failed]
+    with shared_workers():  # spawned once for every protocol's matrices
+        for norm in plan.protocols:
+            stages = {s.name: s for s in plan.stages if s.norm == norm}
+            s = stages["search"]
+            about = (f"{norm}: attack search ({s.runs} runs at most: {s.runs // len(TUNING_SEEDS)} trials of seeds "
+                     f"{', '.join(map(str, TUNING_SEEDS))}): {s.path}")
+            beside = _SearchProcess(s.path, store.path, checkpoint_every) if jobs >= 2 and s.todo else None
+            try:
+                if beside is not None:
+                    log(f"{about}, in a process beside the matrices")
+                for name in ("clean", "catalogue"):
+                    m = stages[name]
+                    log(f"{norm}: {name} ({m.runs} runs, {m.todo} to do): {m.path}")
+                    summary = run_matrix(expand(read(m.path), str(m.path)), store, source=str(m.path), jobs=jobs,
+                                         progress=progress, checkpoint_every=checkpoint_every)
+                    failures += [f"{m.path}: run {h} failed: {e}" for h, e in summary.failed]
+                if beside is not None:
+                    found = beside.wait(store, progress)
+                else:
+                    log(about)
+                    found = run_search(s.path, store, progress, checkpoint_every, log)
+            finally:
+                if beside is not None:
+                    beside.stop()
+            if found is None:
+                failures.append(f"{s.path}: the search stopped with an error (above); run the same command again")
+                continue
+            confirm = stages["confirm"]
+            values = confirmation_values(s.path, found)
+            if values is None:
+                failures.append(f"{s.path}: no trial finished, so no attack to confirm")
+                continue
+            confirm.path.write_text(toml_text(carried_search_path(values, s.path.parent, confirm.path.parent)),
+                                    encoding="utf-8")
+            log(f"{norm}: the found attack on seeds {', '.join(map(str, BOARD_SEEDS))}: {confirm.path}")
+            summary = run_matrix(expand(values, str(confirm.path)), store, source=str(confirm.path), jobs=jobs,
+                                 progress=progress, checkpoint_every=checkpoint_every)
+            failures += [f"{confirm.path}: run {h} failed: {e}" for h, e in summary.failed]
     return failures
 
 

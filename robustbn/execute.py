@@ -225,10 +225,57 @@ class _Worker:
     task: tuple[str, Scenario] | None = None
 
 
+# The worker processes kept between run_matrix calls inside `shared_workers`: {"key": (threads,
+# search path), "workers": [...]}; None outside
+_shared: dict | None = None
+
+
+@contextmanager
+def shared_workers() -> Iterator[None]:
+    """Inside, run_matrix's local worker processes outlive each call: a command that runs several
+    files, or tuning waves, spawns its workers once. Each spawn imports torch, loads the dataset
+    (onto the GPU) and starts CUDA; a pool per file or wave also idles while its last runs end."""
+    global _shared
+    if _shared is not None:  # an outer scope owns them
+        yield
+        return
+    _shared = {"key": None, "workers": []}
+    try:
+        yield
+    finally:
+        pool, _shared = _shared, None
+        _close(pool["workers"])
+
+
+def _close(workers: list[_Worker]) -> None:
+    for w in workers:
+        try:
+            w.conn.send(None)
+        except (OSError, ValueError):
+            pass
+    for w in workers:
+        w.process.join(timeout=10)
+        if w.process.is_alive():
+            w.process.kill()
+
+
+def _pool(threads: int) -> list[_Worker]:
+    """The workers to start from: those `shared_workers` kept, where they run as these would
+    (the same torch threads and search path), else none (the kept ones are closed)."""
+    if _shared is None:
+        return []
+    key = (threads, tuple(search_path()))
+    if _shared["key"] != key:
+        _close(_shared["workers"])
+        _shared.update(key=key, workers=[])
+    return _shared["workers"]
+
+
 def _in_processes(todo: Todo, claim: Claim, jobs: int, checkpointing: Checkpointing | None,
                   died: Callable[[str, int | None], bool]) -> Outcomes:
     """`jobs` spawned worker processes, one run each at a time. A worker that dies is replaced;
-    `died(hash, exitcode)` says whether its run is retried (it resumes from its checkpoint)."""
+    `died(hash, exitcode)` says whether its run is retried (it resumes from its checkpoint).
+    Inside `shared_workers`, the workers idle at the end are kept for the next call."""
     threads = max(1, (os.cpu_count() or 1) // jobs)
     ctx = get_context("spawn")  # CUDA and forked processes do not mix
 
@@ -245,8 +292,8 @@ def _in_processes(todo: Todo, claim: Claim, jobs: int, checkpointing: Checkpoint
         theirs.close()
         return _Worker(process, ours)
 
-    queue, workers, forwarded = deque(todo), [], False
-    free = lambda: len(workers) < jobs or any(w.task is None for w in workers)
+    queue, workers, forwarded = deque(todo), _pool(threads), False
+    free = lambda: sum(w.task is not None for w in workers) < jobs
     try:
         while True:
             while not stop_requested() and queue and free():
@@ -300,15 +347,11 @@ def _in_processes(todo: Todo, claim: Claim, jobs: int, checkpointing: Checkpoint
                         {"error": f"its worker process died {MAX_ATTEMPTS} times ({_death(code)})"}
                 yield run_hash, sc, out
     finally:
-        for w in workers:
-            try:
-                w.conn.send(None)
-            except (OSError, ValueError):
-                pass
-        for w in workers:
-            w.process.join(timeout=10)
-            if w.process.is_alive():
-                w.process.kill()
+        # kept only when every worker is idle and alive: a stop, or a caller that left mid-way, ends them
+        if _shared is None or _shared["workers"] is not workers or stop_requested() or \
+                any(w.task is not None or not w.process.is_alive() for w in workers):
+            _close(workers)
+            workers.clear()
 
 
 def _death(exitcode: int | None) -> str:

@@ -1,5 +1,6 @@
 """Scenario matrices, the results store, and the CLI that ties them together."""
 
+import dataclasses
 import itertools
 import json
 import os
@@ -236,6 +237,38 @@ def test_jobs_mark_a_run_running_only_when_a_worker_takes_it(tmp_path):
     assert summary.done == len(scenarios) == 4
     assert len(store.already_running) == 4 and max(store.already_running) <= 1
     store.close()
+
+
+def test_shared_workers_outlive_each_call_and_end_with_the_scope(tmp_path, monkeypatch):
+    """Inside shared_workers, a second run_matrix reuses the first's worker processes (their
+    dataset loaded, CUDA started) with the same results as fresh ones; a call whose workers
+    would start otherwise (another search path) replaces them; the scope's end, or a run
+    without the scope, leaves none alive."""
+    from robustbn import execute
+    from robustbn.execute import shared_workers
+
+    _, scenarios = load(write(tmp_path, TINY))  # 4 runs
+    alone = Store(tmp_path / "alone.sqlite")
+    assert run_matrix(scenarios, alone, jobs=2, progress=False).done == 4
+    assert execute._shared is None
+    store = Store(tmp_path / "s.sqlite")
+    with shared_workers():
+        assert run_matrix(scenarios[:2], store, jobs=2, progress=False).done == 2
+        first = list(execute._shared["workers"])
+        assert len(first) == 2 and all(w.process.is_alive() for w in first)
+        assert run_matrix(scenarios[2:], store, jobs=2, progress=False).done == 2
+        assert [w.process.pid for w in execute._shared["workers"]] == [w.process.pid for w in first]
+        # a user's module directory added since: workers that import as this process now
+        short = [dataclasses.replace(sc, rounds=2) for sc in scenarios[:2]]
+        monkeypatch.setattr(execute, "search_path", lambda: [str(tmp_path / "mine")])
+        assert run_matrix(short, store, jobs=2, progress=False).done == 2
+        assert not any(w.process.is_alive() for w in first)
+        second = list(execute._shared["workers"])
+        assert {w.process.pid for w in second}.isdisjoint(w.process.pid for w in first)
+    assert execute._shared is None and not any(w.process.is_alive() for w in first + second)
+    rows = lambda st: {r["hash"]: r["history"] for r in st.rows() if r["rounds"] == 6}
+    assert rows(store) == rows(alone)
+    store.close(), alone.close()
 
 
 def test_every_shipped_scenario_file_is_valid():

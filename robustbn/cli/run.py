@@ -16,7 +16,8 @@ BIG_MATRIX = 2000  # runs: more needs --yes
 def register(sub) -> None:
     p = sub.add_parser("run", help="run scenario or matrix files into the results store", formatter_class=RAW,
                        description="Run every scenario of each FILE (a TOML scenario or matrix), one file after "
-                                   "another, each with its own report line; every file is read and checked before "
+                                   "another (one pool of --jobs workers for them all), each with its own report "
+                                   "line; every file is read and checked before "
                                    "any runs. Finished runs already in the store are skipped, unfinished ones run "
                                    "again.",
                        epilog="examples:\n  robustbn run scenarios/fbn_fig3_fmnist.toml\n"
@@ -131,11 +132,12 @@ def _warn_nonfinite(db: str, scenarios, device: str | None) -> None:
 def cmd_run(args) -> int:
     from contextlib import nullcontext
 
+    from ..execute import shared_workers
     from ..scenario import devices_checked_where_they_run
 
     # Ray tasks given GPUs: a CUDA device is checked by the worker that runs it, not by this head node
     sent = args.executor == "ray" and args.gpus_per_run > 0
-    with devices_checked_where_they_run() if sent else nullcontext():
+    with devices_checked_where_they_run() if sent else nullcontext(), shared_workers():  # spawned once for every file
         return _run_files(args)
 
 

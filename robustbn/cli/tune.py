@@ -182,7 +182,7 @@ def cmd_tune(args) -> int:
 
     from ..checkpoint import Interrupted, checkpoint_dir
     from ..evaluate import toml_text
-    from ..execute import pending, run_matrix
+    from ..execute import pending, run_matrix, shared_workers
     from ..matrix import carried_search_path, parse_override
     from ..store import Store, device_aliases, strict_json
     from ..tune import (REPORT_SEEDS, TUNING_SEEDS, TUNING_WORDS, Tuning, check_matrix, expand_grid, first_ranks,
@@ -262,7 +262,8 @@ def cmd_tune(args) -> int:
             else:  # each defense's tuned file is written once its choice is settled, wave by wave
                 after_wave = lambda finished: _write_tuned(finished, grid, plan, point_of, values, out,
                                                            report_seeds)
-                summary = _pruned(plan, by_hash, alias, store, str(tuning), args, after_wave, rank)
+                with shared_workers():  # spawned once for every wave
+                    summary = _pruned(plan, by_hash, alias, store, str(tuning), args, after_wave, rank)
         except Interrupted as e:
             print(f"robustbn tune: stopped by {signal.Signals(e.signum).name}; the running runs are checkpointed in "
                   f"{checkpoint_dir(args.db)}; the same command resumes", file=sys.stderr)
