@@ -540,8 +540,8 @@ def curve_findings() -> None:
                 print(f"| {norm_words(norm)} | {named(pts[0])} | {x} ({held} = {value:g}) | {' | '.join(cells)} | "
                       f"{difference(b, a) if a and b else '-'} |")
     print("\nWhat the server's clean data buys at each point: the trusted defense against the root-free pick (the "
-          "highest pooled worst case of the root-free defenses run there; difference: trusted - root-free, paired "
-          "over seeds).\n")
+          "highest pooled worst case of the root-free defenses run there, chosen on the same seeds it is compared "
+          "on, so the difference leans a little its way; difference: trusted - root-free, paired over seeds).\n")
     print("| protocol | gamma | f | trusted | root-free pick | difference |")
     print("|---|---|---|---|---|---|")
     for (norm, gamma, f), here in sorted(points.items(), key=lambda kv: (norm_order(kv[0][0]), kv[0][1:])):

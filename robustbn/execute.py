@@ -268,15 +268,21 @@ def _pool(threads: int) -> list[_Worker]:
     if _shared["key"] != key:
         _close(_shared["workers"])
         _shared.update(key=key, workers=[])
+    # one that died while idle (killed, out of memory) is dropped here, not charged to the run sent next
+    gone = [w for w in _shared["workers"] if not w.process.is_alive()]
+    for w in gone:
+        _shared["workers"].remove(w)
+        w.process.join()
+        w.conn.close()
     return _shared["workers"]
 
 
-def _in_processes(todo: Todo, claim: Claim, jobs: int, checkpointing: Checkpointing | None,
+def _in_processes(todo: Todo, claim: Claim, jobs: int, threads: int, checkpointing: Checkpointing | None,
                   died: Callable[[str, int | None], bool]) -> Outcomes:
-    """`jobs` spawned worker processes, one run each at a time. A worker that dies is replaced;
-    `died(hash, exitcode)` says whether its run is retried (it resumes from its checkpoint).
-    Inside `shared_workers`, the workers idle at the end are kept for the next call."""
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    """`jobs` spawned worker processes of `threads` torch threads, one run each at a time. A
+    worker that dies is replaced; `died(hash, exitcode)` says whether its run is retried (it
+    resumes from its checkpoint). Inside `shared_workers`, the workers idle at the end are kept
+    for the next call."""
     ctx = get_context("spawn")  # CUDA and forked processes do not mix
 
     def spawn() -> _Worker:
@@ -389,17 +395,17 @@ def ray_workers_at_normal_priority() -> Iterator[None]:
 
 
 def _check_gpus(ray, opts: RayOptions, local: bool) -> None:
-    """Tasks that ask for GPUs where the cluster has none would wait forever: refused on a Ray
-    instance of this machine (no GPU joins it later), said once on a cluster (an autoscaler may
-    add GPU nodes)."""
+    """Tasks that ask for more GPUs than the cluster has would wait: refused on a lone Ray node of
+    this machine that no --address or RAY_ADDRESS named (no GPU joins it later), said on a
+    cluster (an autoscaler may add GPU nodes)."""
     if opts.gpus_per_run <= 0:
         return
     gpus = ray.cluster_resources().get("GPU", 0)
     if gpus >= opts.gpus_per_run:
         return
     if local:
-        raise ExecutorError(f"--gpus-per-run {opts.gpus_per_run:g}: the Ray instance started on this machine has "
-                            f"{gpus:g} GPUs; give the cluster's --address, or run on the CPU (--gpus-per-run 0)")
+        raise ExecutorError(f"--gpus-per-run {opts.gpus_per_run:g}: the Ray instance of this machine has {gpus:g} "
+                            f"GPUs; give the cluster's --address, or run on the CPU (--device cpu --gpus-per-run 0)")
     print(f"robustbn: the Ray cluster has {gpus:g} GPUs now and each run asks for {opts.gpus_per_run:g}: the runs "
           f"wait until a GPU node joins", file=sys.stderr)
 
@@ -417,7 +423,10 @@ def _on_ray(todo: Todo, claim: Claim, opts: RayOptions, checkpointing: Checkpoin
         with ray_workers_at_normal_priority() if opts.address is None else nullcontext():
             ray.init(address=opts.address, include_dashboard=False, log_to_driver=False)
     try:
-        _check_gpus(ray, opts, local=owns_connection and opts.address is None)
+        # a lone node of this machine, reached without --address or RAY_ADDRESS: the instance
+        # ray.init started (or one `ray start` left here); no GPU node is on its way
+        _check_gpus(ray, opts, local=owns_connection and opts.address is None and not os.environ.get("RAY_ADDRESS")
+                    and len(ray.nodes()) == 1)
         # A task's own exceptions come back as {"error": ...} (deterministic: no retry); Ray
         # retries only tasks whose worker died, and a retried task resumes from its checkpoint.
         task = ray.remote(_run_as_ray_task).options(
@@ -511,9 +520,12 @@ def run_matrix(scenarios: list[Scenario], store: Store, source: str | Callable[[
     if executor == "ray":
         outcomes = _on_ray(todo, claim, ray_options or RayOptions(), checkpointing)
     elif executor == "local":
+        # each worker's threads follow --jobs, not how many runs are left: the same command runs
+        # each run with the same threads, and a short call keeps a shared pool
+        threads = max(1, (os.cpu_count() or 1) // jobs)
         jobs = min(jobs, len(todo))
         outcomes = _in_this_process(todo, claim, progress, checkpointing) if jobs <= 1 else \
-            _in_processes(todo, claim, jobs, checkpointing, died)
+            _in_processes(todo, claim, jobs, threads, checkpointing, died)
     else:
         raise ExecutorError(f"executor must be 'local' or 'ray', got {executor!r}")
     restore = install_stop_handlers() if threading.current_thread() is threading.main_thread() else (lambda: None)
@@ -536,6 +548,7 @@ def run_matrix(scenarios: list[Scenario], store: Store, source: str | Callable[[
                     summary.interrupted += 1
                 bar.update(1)
     finally:
+        outcomes.close()  # the executor's own cleanup now (its workers: kept idle, or ended), not at collection
         store.release(owner)  # runs not finished here: claimable at once by the next `robustbn run`
         restore()
     signum = stop_requested()

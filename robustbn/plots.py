@@ -27,6 +27,7 @@ from .labels import (  # noqa: E402
     defense_words,
     group,
     hashable,
+    is_attack,
     norm_order,
     norm_words,
     sort_key,
@@ -327,7 +328,8 @@ def robustness_lines(rows: list[dict[str, Any]], x: str, tuned: Iterable[str] = 
                  and all(hashable(r.get(k)) == hashable(t[f"worst_{k}"]) for k in ATTACK_FIELDS)]
         t["worst_diverged"] = sum(accuracy(r)[1] for r in worst)
         t["searched"] = any(source_kind(r["source"]) == SEARCHED for r in runs if r.get("source"))
-        t["worst_by_seed"] = by_seed(worst)
+        # at f = 0 the worst case is the clean runs' accuracy: pair those
+        t["worst_by_seed"] = by_seed(worst if t["worst_attack"] != NO_ATTACK else [r for r in runs if not is_attack(r)])
     fixed = varying(table, set(RESULT) | {"norm", x, *POINT_EXTRAS, *tuned})
     out: dict[str, dict[tuple, list[dict[str, Any]]]] = {}
     for norm in sorted({t["norm"] for t in table}, key=norm_order):

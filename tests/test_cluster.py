@@ -124,6 +124,7 @@ class _RayStandIn:
         self.tasks, self.gpus = [], gpus
 
     def cluster_resources(self): return {"CPU": 2.0, **({"GPU": self.gpus} if self.gpus else {})}
+    def nodes(self): return [{"NodeManagerAddress": "127.0.0.1"}]
     def is_initialized(self): return False
     def init(self, **kw): pass
     def shutdown(self): pass
@@ -152,6 +153,7 @@ def test_a_cpu_only_head_sends_cuda_runs_to_gpu_workers_which_check_their_own(tm
 
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     ray = _RayStandIn(gpus=2)
     monkeypatch.setitem(sys.modules, "ray", ray)
     matrix, db = str(write(tmp_path)), str(tmp_path / "r.sqlite")
@@ -173,7 +175,13 @@ def test_a_cpu_only_head_sends_cuda_runs_to_gpu_workers_which_check_their_own(tm
     ray.tasks = []
     assert main(["run", matrix, "--db", str(tmp_path / "none.sqlite"), "--quiet", "--executor", "ray",
                  "--device", "cuda", "--gpus-per-run", "0.5"]) == 2
-    assert "the Ray instance started on this machine has 0 GPUs" in capsys.readouterr().err and not ray.tasks
+    assert "the Ray instance of this machine has 0 GPUs" in capsys.readouterr().err and not ray.tasks
+    # ... unless RAY_ADDRESS names a cluster (a job Ray submitted): said, and sent
+    monkeypatch.setenv("RAY_ADDRESS", "head:6379")
+    assert main(["run", matrix, "--db", str(tmp_path / "job.sqlite"), "--quiet", "--executor", "ray",
+                 "--device", "cuda", "--gpus-per-run", "0.5"]) == 1
+    assert "the Ray cluster has 0 GPUs now" in capsys.readouterr().err and len(ray.tasks) == 8
+    monkeypatch.delenv("RAY_ADDRESS")
     # without Ray, this machine is where the runs run: refused before anything is stored
     assert main(["run", matrix, "--db", str(tmp_path / "local.sqlite"), "--quiet", "--device", "cuda"]) == 2
     assert "CUDA is not available on this machine; use --device cpu" in capsys.readouterr().err

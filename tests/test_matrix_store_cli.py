@@ -271,6 +271,35 @@ def test_shared_workers_outlive_each_call_and_end_with_the_scope(tmp_path, monke
     store.close(), alone.close()
 
 
+def test_shared_workers_drop_those_killed_while_idle_and_keep_through_a_short_call(tmp_path, monkeypatch):
+    """Workers killed while idle between calls are dropped, not charged to the next runs (each
+    run has MAX_ATTEMPTS worker deaths before it fails); a call with fewer runs than --jobs
+    keeps the pool: each worker's threads follow --jobs (6 cores, --jobs 3: 2 threads), not the
+    runs left."""
+    import signal
+
+    from robustbn import execute
+    from robustbn.execute import shared_workers
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    _, scenarios = load(write(tmp_path, TINY))  # 4 runs
+    more = lambda k: [dataclasses.replace(sc, rounds=k) for sc in scenarios[:2]]
+    store = Store(tmp_path / "s.sqlite")
+    with shared_workers():
+        assert run_matrix(scenarios[:3], store, jobs=3, progress=False).done == 3
+        first = list(execute._shared["workers"])
+        for w in first:
+            os.kill(w.process.pid, signal.SIGKILL)
+            w.process.join()
+        summary = run_matrix([scenarios[3], *more(2)], store, jobs=3, progress=False)
+        assert (summary.done, summary.failed) == (3, [])
+        second = [w.process.pid for w in execute._shared["workers"]]
+        assert len(second) == 3 and not set(second) & {w.process.pid for w in first}
+        assert run_matrix(more(3), store, jobs=3, progress=False).done == 2  # 2 runs: the same 3 workers
+        assert [w.process.pid for w in execute._shared["workers"]] == second
+    store.close()
+
+
 def test_every_shipped_scenario_file_is_valid():
     files = shipped_matrix_files()
     assert len(files) >= 8
