@@ -482,10 +482,10 @@ class _Heartbeat:
         self.thread.join()
 
 
-def sends_gpu_tasks(executor: str, ray_options: RayOptions | None) -> bool:
+def sends_gpu_tasks(executor: str, gpus_per_run: float) -> bool:
     """Ray tasks given GPUs: each worker checks its own CUDA device when it builds its scenario,
     so the driver (a CPU-only head node, say) need have none."""
-    return executor == "ray" and ray_options is not None and ray_options.gpus_per_run > 0
+    return executor == "ray" and gpus_per_run > 0
 
 
 def run_matrix(scenarios: list[Scenario], store: Store, source: str | Callable[[Scenario], str] = "", jobs: int = 1,
@@ -500,7 +500,8 @@ def run_matrix(scenarios: list[Scenario], store: Store, source: str | Callable[[
     once the outcomes are in. `source`: the file the runs come from, or a function giving a
     scenario's (runs of several files in one pool of workers)."""
     source_of = source if callable(source) else (lambda sc: source)
-    with devices_checked_where_they_run() if sends_gpu_tasks(executor, ray_options) else nullcontext():
+    with devices_checked_where_they_run() if sends_gpu_tasks(executor, (ray_options or RayOptions()).gpus_per_run) \
+            else nullcontext():
         todo, skipped, total = pending(scenarios, store, device, shard)
     summary = Summary(total=total, skipped=skipped)
     clear_stop()

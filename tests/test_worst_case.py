@@ -494,6 +494,25 @@ def test_robustness_curves_draw_the_worst_case_along_x_with_clean_dashed_and_div
     assert len(err.splitlines()) == 1 and "--x seed" in err and "gamma, f, alpha" in err
 
 
+def test_each_point_carries_its_worst_attacks_accuracy_per_seed_and_at_f_0_its_clean_runs(tmp_path):
+    """worst_by_seed (what curve_findings pairs): per seed, the accuracy of the point's worst
+    attack (its mean over seeds is worst_acc); at f = 0, where no attack runs, the clean runs'."""
+    from robustbn.plots import robustness_lines
+
+    store = Store(tmp_path / "r.sqlite")
+    for seed, (sf, alie, clean) in enumerate([(0.30, 0.50, 0.90), (0.34, 0.20, 0.92)]):
+        add(store, sf, norm="fbn", f=1, seed=seed, **ATTACKS["sf-mean"])
+        add(store, alie, norm="fbn", f=1, seed=seed, **ATTACKS["alie-grad"])
+        add(store, clean, norm="fbn", f=0, seed=seed)
+    rows = store.rows()
+    store.close()
+    (points,) = robustness_lines(rows, "f")["fbn"].values()
+    at = {t["f"]: t for t in points}
+    assert at[1]["worst_by_seed"] == pytest.approx({0: 0.30, 1: 0.34})  # SF: the lower mean, not each seed's lowest
+    assert at[1]["worst_acc"] == pytest.approx(0.32)
+    assert at[0]["worst_by_seed"] == pytest.approx({0: 0.90, 1: 0.92})
+
+
 def test_a_point_with_a_confirmed_search_is_marked_searched_and_ringed(tmp_path):
     """A searched attack's runs (source searched_worst_*.toml) at one point: that point is
     `searched` and ringed in the figure, the others are not (their worst case is over the

@@ -75,10 +75,11 @@ def run_and_report(values_scenarios, source, args, label: str = "", checked: boo
         ray_options = RayOptions(args.address, args.cpus_per_run, args.gpus_per_run, args.retries)
     elif getattr(args, "address", None):
         raise UsageError("--address is for --executor ray")
-    if executor == "ray" and args.device == "cuda" and not sends_gpu_tasks(executor, ray_options):
+    sent = sends_gpu_tasks(executor, getattr(args, "gpus_per_run", 0))
+    if executor == "ray" and args.device == "cuda" and not sent:
         raise UsageError("--device cuda with --executor ray needs --gpus-per-run > 0 (e.g. 0.25 runs four at once "
                          "on each GPU)")
-    if not sends_gpu_tasks(executor, ray_options):  # else each Ray worker checks its own GPU
+    if not sent:  # else each Ray worker checks its own GPU
         check_device_here(args.device)
     store = Store(args.db)
     try:
@@ -132,11 +133,11 @@ def _warn_nonfinite(db: str, scenarios, device: str | None) -> None:
 def cmd_run(args) -> int:
     from contextlib import nullcontext
 
-    from ..execute import shared_workers
+    from ..execute import sends_gpu_tasks, shared_workers
     from ..scenario import devices_checked_where_they_run
 
     # Ray tasks given GPUs: a CUDA device is checked by the worker that runs it, not by this head node
-    sent = args.executor == "ray" and args.gpus_per_run > 0
+    sent = sends_gpu_tasks(args.executor, args.gpus_per_run)
     with devices_checked_where_they_run() if sent else nullcontext(), shared_workers():  # spawned once for every file
         return _run_files(args)
 
