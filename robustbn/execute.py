@@ -136,12 +136,17 @@ def _worker_main(conn, threads: int, search: list[str], parent: int) -> None:
     _worker_init(threads, search)
     while True:
         try:
+            while not conn.poll(0.5):
+                if stop_requested():  # signalled while idle: it ends, and is dropped, not sent runs it would refuse
+                    return
             task = conn.recv()
         except (EOFError, OSError):
             return
         if task is None:
             return
         conn.send(_attempt(*task))
+        if stop_requested():  # the signal was for this worker: its run is checkpointed, it ends
+            return
 
 
 def _run_as_ray_task(values: dict, threads: int, search: list[str], run_hash: str,
@@ -268,13 +273,17 @@ def _pool(threads: int) -> list[_Worker]:
     if _shared["key"] != key:
         _close(_shared["workers"])
         _shared.update(key=key, workers=[])
-    # one that died while idle (killed, out of memory) is dropped here, not charged to the run sent next
-    gone = [w for w in _shared["workers"] if not w.process.is_alive()]
-    for w in gone:
-        _shared["workers"].remove(w)
+    _drop_ended_idle(_shared["workers"])
+    return _shared["workers"]
+
+
+def _drop_ended_idle(workers: list[_Worker]) -> None:
+    """Idle workers that ended (killed, out of memory, signalled) are dropped, not charged to
+    the run sent next."""
+    for w in [w for w in workers if w.task is None and not w.process.is_alive()]:
+        workers.remove(w)
         w.process.join()
         w.conn.close()
-    return _shared["workers"]
 
 
 def _in_processes(todo: Todo, claim: Claim, jobs: int, threads: int, checkpointing: Checkpointing | None,
@@ -307,6 +316,7 @@ def _in_processes(todo: Todo, claim: Claim, jobs: int, threads: int, checkpointi
                 if not claim(run_hash, sc):
                     yield run_hash, sc, {"taken": True}
                     continue
+                _drop_ended_idle(workers)
                 worker = next((w for w in workers if w.task is None), None)
                 if worker is None:
                     worker = spawn()
@@ -354,6 +364,7 @@ def _in_processes(todo: Todo, claim: Claim, jobs: int, threads: int, checkpointi
                 yield run_hash, sc, out
     finally:
         # kept only when every worker is idle and alive: a stop, or a caller that left mid-way, ends them
+        _drop_ended_idle(workers)
         if _shared is None or _shared["workers"] is not workers or stop_requested() or \
                 any(w.task is not None or not w.process.is_alive() for w in workers):
             _close(workers)
@@ -400,13 +411,21 @@ def _check_gpus(ray, opts: RayOptions, local: bool) -> None:
     cluster (an autoscaler may add GPU nodes)."""
     if opts.gpus_per_run <= 0:
         return
-    gpus = ray.cluster_resources().get("GPU", 0)
-    if gpus >= opts.gpus_per_run:
+    # a task's GPUs are all on one node: the largest node decides, not the cluster's total
+    largest = max((node.get("Resources", {}).get("GPU", 0) for node in ray.nodes() if node.get("Alive", True)),
+                  default=0)
+    if largest >= opts.gpus_per_run:
         return
+    total = ray.cluster_resources().get("GPU", 0)
     if local:
-        raise ExecutorError(f"--gpus-per-run {opts.gpus_per_run:g}: the Ray instance of this machine has {gpus:g} "
+        raise ExecutorError(f"--gpus-per-run {opts.gpus_per_run:g}: the Ray instance of this machine has {total:g} "
                             f"GPUs; give the cluster's --address, or run on the CPU (--device cpu --gpus-per-run 0)")
-    print(f"robustbn: the Ray cluster has {gpus:g} GPUs now and each run asks for {opts.gpus_per_run:g}: the runs "
+    if total >= opts.gpus_per_run:
+        print(f"robustbn: each run asks for {opts.gpus_per_run:g} GPUs, and the largest node of the Ray cluster has "
+              f"{largest:g} ({total:g} in all): a run's GPUs must be on one node, so the runs wait until such a node "
+              f"joins (or ask for fewer: --gpus-per-run 1)", file=sys.stderr)
+        return
+    print(f"robustbn: the Ray cluster has {total:g} GPUs now and each run asks for {opts.gpus_per_run:g}: the runs "
           f"wait until a GPU node joins", file=sys.stderr)
 
 

@@ -120,11 +120,16 @@ class _RayStandIn:
     asked for, in this process but in a fresh context, and is recorded with the resources it
     asked for."""
 
-    def __init__(self, gpus: float = 0):
-        self.tasks, self.gpus = [], gpus
+    def __init__(self, node_gpus: tuple[float, ...] = (0,)):
+        self.tasks, self.node_gpus = [], node_gpus
 
-    def cluster_resources(self): return {"CPU": 2.0, **({"GPU": self.gpus} if self.gpus else {})}
-    def nodes(self): return [{"NodeManagerAddress": "127.0.0.1"}]
+    def cluster_resources(self):
+        gpus = sum(self.node_gpus)
+        return {"CPU": 2.0 * len(self.node_gpus), **({"GPU": gpus} if gpus else {})}
+
+    def nodes(self):
+        return [{"NodeManagerAddress": "127.0.0.1", "Alive": True, "Resources": {"CPU": 2.0, **({"GPU": g} if g else {})}}
+                for g in self.node_gpus]
     def is_initialized(self): return False
     def init(self, **kw): pass
     def shutdown(self): pass
@@ -154,7 +159,7 @@ def test_a_cpu_only_head_sends_cuda_runs_to_gpu_workers_which_check_their_own(tm
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    ray = _RayStandIn(gpus=2)
+    ray = _RayStandIn(node_gpus=(2,))
     monkeypatch.setitem(sys.modules, "ray", ray)
     matrix, db = str(write(tmp_path)), str(tmp_path / "r.sqlite")
     cluster = ["--executor", "ray", "--address", "head:6379", "--device", "cuda"]
@@ -166,8 +171,13 @@ def test_a_cpu_only_head_sends_cuda_runs_to_gpu_workers_which_check_their_own(tm
     err = capsys.readouterr().err
     assert err.count("CUDA is not available on this machine") == 8 and "Traceback" not in err
     assert {status for status, _ in histories(db).values()} == {"failed"}
+    # two GPUs in all, but one a node: a run asking for two waits for a node that has them
+    ray.node_gpus, ray.tasks = (1, 1), []
+    assert main(["run", matrix, "--db", str(tmp_path / "split.sqlite"), "--quiet", *cluster,
+                 "--gpus-per-run", "2"]) == 1
+    assert "the largest node of the Ray cluster has 1 (2 in all)" in capsys.readouterr().err and len(ray.tasks) == 8
     # a cluster without a GPU now: said, and the runs wait for one (an autoscaler may add it)
-    ray.gpus, ray.tasks = 0, []
+    ray.node_gpus, ray.tasks = (0,), []
     assert main(["run", matrix, "--db", str(tmp_path / "wait.sqlite"), "--quiet", *cluster,
                  "--gpus-per-run", "0.5"]) == 1
     assert "the Ray cluster has 0 GPUs now" in capsys.readouterr().err and len(ray.tasks) == 8
@@ -196,7 +206,9 @@ def local_ray():
     from robustbn.execute import ray_workers_at_normal_priority
     with ray_workers_at_normal_priority():  # as robustbn's own local instance
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
-    assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
+    node, = ray.nodes()
+    # the fields _check_gpus reads (ray.nodes is a DeveloperAPI)
+    assert node["NodeManagerAddress"] == "127.0.0.1" and node["Alive"] and node["Resources"]["CPU"] == 2
     yield ray
     ray.shutdown()
 

@@ -300,6 +300,30 @@ def test_shared_workers_drop_those_killed_while_idle_and_keep_through_a_short_ca
     store.close()
 
 
+def test_a_shared_worker_signalled_while_idle_ends_and_the_next_runs_go_to_the_others(tmp_path):
+    """A SIGTERM to one idle worker of a kept pool (someone's kill(1)) ends that worker; it is
+    not sent the next runs to refuse as "interrupted" until the command ends."""
+    import signal
+
+    from robustbn import execute
+    from robustbn.execute import shared_workers
+
+    _, scenarios = load(write(tmp_path, TINY))  # 4 runs
+    store = Store(tmp_path / "s.sqlite")
+    with shared_workers():
+        assert run_matrix(scenarios[:2], store, jobs=2, progress=False).done == 2
+        signalled, other = execute._shared["workers"]
+        os.kill(signalled.process.pid, signal.SIGTERM)
+        signalled.process.join(timeout=30)
+        assert signalled.process.exitcode == 0  # it ended by itself, cleanly
+        summary = run_matrix(scenarios[2:], store, jobs=2, progress=False)
+        assert (summary.done, summary.interrupted, summary.failed) == (2, 0, [])
+        pids = [w.process.pid for w in execute._shared["workers"]]
+        assert other.process.pid in pids and signalled.process.pid not in pids
+    assert {r["status"] for r in store.rows()} == {"done"}
+    store.close()
+
+
 def test_every_shipped_scenario_file_is_valid():
     files = shipped_matrix_files()
     assert len(files) >= 8
