@@ -32,7 +32,7 @@ from robustbn.channels import NOT_ATTACKS, expand_channels
 from robustbn.labels import attack_short, attack_words, setting_defense_words
 from robustbn.stats import MIN_PAIRS, Estimate, by_seed, ci_text, distinct, paired, seeds_interval, too_few
 from robustbn.store import FINISHED, Store, device_aliases, read_export
-from robustbn.worst import ATTACK_KEYS, NOT_SETTING, SEARCHED_PREFIX
+from robustbn.worst import AT_CHANCE, ATTACK_KEYS, NOT_SETTING, SEARCHED_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = os.environ.get("ROBUSTBN_DOCS_RUNS", str(ROOT / "docs" / "results.csv"))
@@ -387,6 +387,16 @@ def _curve_digest(lines: dict) -> str:
     return hashlib.sha256(json.dumps(drawn, default=str).encode()).hexdigest()[:16]
 
 
+def _map_digest(cells: list[dict]) -> str:
+    """A digest of what the map figure draws: each cell's verdict and picks."""
+    import hashlib
+
+    drawn = [(c["norm"], c["threat"], c["gamma"], c["f"], c["verdict"],
+              [(p["defense"], round(p["worst_acc"], 6), *(p.get(k) for k in TUNED)) for p in c["picks"]])
+             for c in cells]
+    return hashlib.sha256(json.dumps(drawn, default=str).encode()).hexdigest()[:16]
+
+
 def robustness_table(x: str) -> None:
     """Per protocol, a row per defense and a column per point along `x`: the worst case over
     the attacks run (95% interval, seeds), the tuned lr, the clean accuracy; then the figure,
@@ -421,7 +431,8 @@ def robustness_table(x: str) -> None:
                     continue
                 e = Estimate(t["seeds"], t["worst_acc"], t["ci_low"], t["ci_high"], t["worst_std"])
                 dv = f", {t['worst_diverged']} diverged" if t["worst_diverged"] else ""
-                clean = "" if t["no_attack_acc"] is None else f"; clean {100 * t['no_attack_acc']:.1f}"
+                clean = "" if t["no_attack_acc"] is None else "; clean " + interval_cell(
+                    Estimate(t["no_attack_seeds"], t["no_attack_acc"], t["no_attack_low"], t["no_attack_high"], None))
                 searched = ", searched" if t["searched"] else ""
                 cells.append(f"{interval_cell(e)}{dv}{searched}, lr {t['lr']:g}{clean}")
             print(f"| {words} | {' | '.join(cells)} |")
@@ -482,12 +493,27 @@ def f_sweep_level() -> None:
     print()
     if low:
         print(f"On the board at gamma = 0, {', '.join(low)}: a sweep of f there would have almost no room to "
-              f"fall, so the f sweep holds gamma = {held:g}, the least heterogeneity above 0 that the gamma sweep "
-              f"runs.")
+              f"fall, so the f sweep holds gamma = {held:g}, the smallest gamma above 0 that the gamma sweep runs "
+              f"(the most heterogeneous level after gamma = 0). That was chosen before the curves ran.")
     else:
         print(f"No protocol's best root-free row on the board stands within {100 * NEAR_CHANCE:.0f} points of chance "
               f"at gamma = 0 now; "
               f"the f sweep holds gamma = {held:g} as the file was set.")
+    # the same test on the curves, at the sweep's level and along gamma: where the choice held, and where not
+    near = [(norm, acc) for norm in values["norm"] if (acc := best(at(norm, held))[0]) is not None
+            and acc - chance < NEAR_CHANCE]
+    if near:
+        roomy = [g for g in sorted(values["gamma"]) if g > held and all(
+            (acc := best(at(norm, g))[0]) is not None and acc - chance >= NEAR_CHANCE for norm, _ in near)]
+        print(f"\nMeasured on the curves, the level has less room than the board promised: at gamma = {held:g}, "
+              f"f = {f}, " + ", ".join(f"{norm_words(norm)}'s best stands {100 * (acc - chance):.1f} points above "
+                                      f"chance" for norm, acc in near)
+              + f", within {100 * NEAR_CHANCE:.0f} points too, so its f curve falls to near chance from f = {f} or "
+                f"before and tells the defenses apart at the smaller f only. "
+              + (f"At gamma = {roomy[0]:g} every such protocol stands {100 * NEAR_CHANCE:.0f} points or more above "
+                 f"chance at f = {f}: an f sweep there would keep its room (not run: another {len(values['f']) - 1} "
+                 f"points per defense and protocol)." if roomy else
+                 "No finished gamma level of the curves keeps every such protocol 10 points above chance yet."))
 
 
 def curve_findings() -> None:
@@ -541,7 +567,10 @@ def curve_findings() -> None:
                       f"{difference(b, a) if a and b else '-'} |")
     print("\nWhat the server's clean data buys at each point: the trusted defense against the root-free pick (the "
           "highest pooled worst case of the root-free defenses run there, chosen on the same seeds it is compared "
-          "on, so the difference leans a little its way; difference: trusted - root-free, paired over seeds).\n")
+          "on, so the difference leans a little its way; difference: trusted - root-free, paired over seeds). The "
+          "trusted defense is alone in its threat model, so no search runs against it on the curves (none could "
+          "change its map cell): its worst case is over the catalogue's attacks only, and a difference in its favour "
+          "may shrink.\n")
     print("| protocol | gamma | f | trusted | root-free pick | difference |")
     print("|---|---|---|---|---|---|")
     for (norm, gamma, f), here in sorted(points.items(), key=lambda kv: (norm_order(kv[0][0]), kv[0][1:])):
@@ -557,19 +586,24 @@ def curve_findings() -> None:
 
 
 SEARCHED_WORDS, NOT_SEARCHED = ", searched", ", not searched yet"
+NOT_TRIED = ", searched, not yet against the attacks found at its other points"
+PARTLY = "its own; not yet its other points' attacks"
 
 
 def search_notes() -> dict[tuple, str]:
     """The words after each pick a search could change, by (norm, threat, gamma, f, defense):
     searched (confirmed) or not yet."""
-    return {(c["norm"], c["threat"], c["gamma"], c["f"], p["defense"]): SEARCHED_WORDS if done else NOT_SEARCHED
-            for c, p, done in curve_search_rows()[0]}
+    return {(c["norm"], c["threat"], c["gamma"], c["f"], p["defense"]):
+            SEARCHED_WORDS if done else NOT_TRIED if searched else NOT_SEARCHED
+            for c, p, done, searched in curve_search_rows()[0]}
 
 
 def robustness_map() -> None:
     """Which defense to use where, per protocol and threat model: the paired rule's pick (or the
     tied set) at each (f, gamma) point of the curves, each at its tuned lr."""
     from robustbn.labels import norm_words
+    from robustbn.plots import plot
+    from robustbn.stats import chance as chance_of
     from robustbn.worst import defense_map, map_panels, pick_head
 
     runs = curve_runs()
@@ -577,6 +611,7 @@ def robustness_map() -> None:
         print(f"No map yet: it needs the curves' runs. {tuning_status()}")
         return
     xs, ys, panels = map_panels(defense_map(runs, "gamma", "f", TUNED, expected_defenses))
+    chance = chance_of(runs[0])
     # the picks a search could change: searched (confirmed) or not yet
     searched = search_notes()
     for norm, threat, here in panels:
@@ -584,20 +619,30 @@ def robustness_map() -> None:
         print(f"| f \\ gamma | {' | '.join(f'{g:g}' for g in xs)} |")
         print(f"|---|{'---|' * len(xs)}")
         for f in ys:
-            row = [f"{pick_head(c)}: " + "; ".join(f"{p['defense']} {100 * p['worst_acc']:.1f} (lr {p['lr']:g}"
+            row = [f"{pick_head(c, chance)}: " + "; ".join(f"{p['defense']} {100 * p['worst_acc']:.1f} (lr {p['lr']:g}"
                                                  f"{searched.get((norm, threat, g, f, p['defense']), '')})"
                                                  for p in c["picks"]) if (c := here.get((f, g))) else ""
                    for g in xs]
             print(f"| {f} | {' | '.join(row)} |")
         print()
+    cells = defense_map(runs, "gamma", "f", TUNED)  # as the figure draws them
+    digest = _map_digest(cells)
+    image = ROOT / "docs" / "img" / "robustness_map.png"
+    if not os.environ.get("ROBUSTBN_DOCS_CHECK"):
+        image.parent.mkdir(parents=True, exist_ok=True)
+        plot(runs, "map", str(image), x="gamma", y="f", tuned=TUNED, metadata={"robustbn-data": digest},
+             title="Fashion-MNIST, n = 10; each defense at its tuned lr")
+    print(f"![which defense to use where](img/robustness_map.png) <!-- data {digest} -->\n")
+    if any(state == NOT_TRIED for state in searched.values()):
+        print(f"A pick marked \"{NOT_TRIED.removeprefix(', ')}\" has its own search confirmed, but not yet tried the "
+              f"attacks confirmed against the same defense at its other points (listed below): they can still lower "
+              f"it.\n")
     if any(state == NOT_SEARCHED for state in searched.values()):
         print(f"A pick marked \"{NOT_SEARCHED.removeprefix(', ')}\" stands on the catalogue's attacks only: its search "
               f"(listed below) can still lower it and change the cell.\n")
 
 
-# a search cannot lower a defense already at chance (a diverged run counts there): a pick within a
-# point of it is broken, whatever a search finds
-ABOVE_CHANCE = 0.01
+ABOVE_CHANCE = AT_CHANCE  # a pick within it of chance is broken: no search changes the map there
 
 
 def _search_space(norm: str, defense: str) -> str:
@@ -633,6 +678,7 @@ def curve_search_rows() -> tuple[tuple, tuple]:
         with chdir(ROOT):
             d = expand_channels(expand(read(path), path)[0].to_dict())
         tuned[(d["norm"], setting_defense_words(d), d["gamma"], d["f"])] = path
+    confirm_of = lambda path: f"{TUNED_DIR}/{SEARCHED_PREFIX}{Path(path).stem.removeprefix('tuned_')}.toml"
     # a confirmation counts once every run of it has finished (a found attack that is one of the
     # catalogue's has the tuned file's runs, which count for it too)
     confirmed = {f for f in curve_confirmations() if all_finished(f)}
@@ -644,17 +690,34 @@ def curve_search_rows() -> tuple[tuple, tuple]:
             path = tuned.get((c["norm"], p["defense"], c["gamma"], c["f"]))
             if path is None:
                 continue
-            confirm = f"{TUNED_DIR}/{SEARCHED_PREFIX}{Path(path).stem.removeprefix('tuned_')}.toml"
-            done = confirm in confirmed
+            confirm = confirm_of(path)
+            # the attacks found against this defense at its other points are tried here too
+            # (--try): a short search must not miss what broke the same defense next door
+            others = [confirm_of(q) for (norm, defense, *point), q in tuned.items()
+                      if (norm, defense) == (c["norm"], p["defense"]) and q != path and confirm_of(q) in confirmed]
+            searched = confirm in confirmed
+            done = searched and all(tried_in(confirm, other) for other in others)
             if not done and p["worst_acc"] <= chance + ABOVE_CHANCE:
                 continue  # broken already: nothing a search finds changes the map
-            rows.append((c, p, done))
+            rows.append((c, p, done, searched))
             if not done:
                 sampler = 1000 + int(hashlib.sha256(Path(path).stem.encode()).hexdigest(), 16) % 10**6
+                tries = "".join(f" --try {other}" for other in sorted(others))
                 left.append(f"robustbn attack-search {_search_space(c['norm'], p['defense'])} --on {path} "
-                            f"--sampler-seed {sampler} --db results/board.sqlite --confirm {confirm} && "
+                            f"--sampler-seed {sampler}{tries} --db results/board.sqlite --confirm {confirm} && "
                             f"robustbn run {confirm} --db results/board.sqlite")
     return tuple(rows), tuple(left)
+
+
+def tried_in(confirm: str, other: str) -> bool:
+    """Whether the search that wrote `confirm` tried the attack `other` holds now: its
+    description names each --try file with its attack (robustbn.evaluate.confirmation_values)."""
+    from robustbn.labels import attack_words
+    from robustbn.matrix import read
+
+    with chdir(ROOT):
+        description = read(confirm).get("description", "")
+    return f"it tried too {Path(other).name} ({attack_words(planned_scenarios(other)[0])})" in description
 
 
 def curve_searches() -> None:
@@ -670,22 +733,64 @@ def curve_searches() -> None:
         print(f"No search yet: the searches follow the curves' picks. {tuning_status()}")
         return
     rows, left = curve_search_rows()
-    print(f"{sum(done for *_, done in rows)} of the {len(rows)} picks a search could change are searched and "
+    print(f"{sum(row[2] for row in rows)} of the {len(rows)} picks a search could change are searched and "
           f"confirmed (at points with two defenses or more, each pick standing more than {100 * ABOVE_CHANCE:g} "
-          f"point above chance, or searched already; each search on seeds 10 and 11 at the defense's tuned lr, its attack confirmed on seeds "
-          f"0-4, which the curves and the map then count).\n")
+          f"point above chance, or searched already). Each search runs on seeds 10 and 11 at the defense's tuned lr "
+          f"and then tries (`--try`) the attacks confirmed against the same defense at its other points, so that a "
+          f"short search does not miss what broke it next door; its attack is confirmed on seeds 0-4, which the "
+          f"curves and the map then count.\n")
     if rows:
         print("| protocol | threat model | gamma | f | pick | worst case now | searched |")
         print("|---|---|---|---|---|---|---|")
-        for c, p, done in rows:
+        for c, p, done, searched in rows:
             print(f"| {norm_words(c['norm'])} | {'root-free' if c['threat'] is None else 'trusted'} | {c['gamma']:g} | "
-                  f"{c['f']} | {p['defense']} (lr {p['lr']:g}) | {100 * p['worst_acc']:.1f} | "
-                  f"{'yes' if done else 'not yet'} |")
+                  f"{c['f']} | {p['defense']} (lr {p['lr']:g}) | {estimate_cell(p)} | "
+                  f"{'yes' if done else PARTLY if searched else 'not yet'} |")
+    picked = {(c["norm"], p["defense"], c["gamma"], c["f"]) for c, p, *_ in rows}
+    elsewhere = [(key, t) for key, t in confirmed_points().items() if key not in picked]
+    if elsewhere:
+        print("\nSearches confirmed at a defense that is no longer a pick there (its search moved the pick, or "
+              "another defense rose above it); their attacks count in the curves all the same:\n")
+        print("| protocol | gamma | f | defense | worst case now | its worst attack |")
+        print("|---|---|---|---|---|---|")
+        for (norm, defense, gamma, f), t in elsewhere:
+            print(f"| {norm_words(norm)} | {gamma:g} | {f} | {defense} (lr {t['lr']:g}) | {estimate_cell(t)} | "
+                  f"{t['worst_attack']} |")
     if left:
         print("\nThe searches left, each with its confirmation:\n")
         print("```")
         print("\n".join(left))
         print("```")
+
+
+def estimate_cell(t: dict) -> str:
+    """A worst case as "10.8 [6.5, 15.0] (5 seeds)"."""
+    return interval_cell(Estimate(t["seeds"], t["worst_acc"], t["ci_low"], t["ci_high"], t.get("worst_std")))
+
+
+def confirmed_points() -> dict[tuple, dict]:
+    """The curves' points whose search is confirmed (every run of its confirmation finished), by
+    (norm, defense, gamma, f): the point as robustness_lines gives it, at its tuned lr."""
+    from robustbn.matrix import expand, read
+    from robustbn.plots import robustness_lines
+
+    confirmed = {f for f in curve_confirmations() if all_finished(f)}
+    keys = set()
+    for path in tuned_files():
+        confirm = f"{TUNED_DIR}/{SEARCHED_PREFIX}{Path(path).stem.removeprefix('tuned_')}.toml"
+        if confirm in confirmed:
+            with chdir(ROOT):
+                d = expand_channels(expand(read(path), path)[0].to_dict())
+            keys.add((d["norm"], setting_defense_words(d), d["gamma"], d["f"]))
+    points = {}
+    for x in SWEEPS:
+        if runs := curve_runs(x):
+            for norm, lines in robustness_lines(runs, x, TUNED).items():
+                for pts in lines.values():
+                    for t in pts:
+                        if (key := (norm, t["defense"], t["gamma"], t["f"])) in keys and t["worst_acc"] is not None:
+                            points[key] = t
+    return dict(sorted(points.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][3], kv[0][1])))
 
 
 def tuning_moved() -> None:
@@ -716,8 +821,9 @@ def tuning_moved() -> None:
         print(f"No point fully tuned yet ({settled} of {len(plan.defenses)} defenses' choices settled). "
               f"{tuning_status()}")
         return
-    print(f"On the tuning seeds ({', '.join(map(str, values['seed']))}; two seeds: no verdict, the reported "
-          f"verdicts are the map's): per point and threat model whose every defense is tuned ({len(done)} of "
+    print(f"On the tuning seeds ({', '.join(map(str, values['seed']))}) and the catalogue's attacks only: two "
+          f"seeds carry no verdict, and the searches above are not in these numbers, so where this table's highest "
+          f"differs from the map's pick, the map (seeds 0-4, searches confirmed) is the verdict. Per point and threat model whose every defense is tuned ({len(done)} of "
           f"{len(planned)} so far), the defense with the highest worst case at the matrix's lr ({base:g}) and at each "
           f"defense's own tuned lr, and how much tuning gained each. \"<=\": lr {base:g} was pruned, so its worst "
           f"case is at most that (its attacks not run could only lower it).\n")

@@ -367,9 +367,11 @@ def over_budget(plan: Plan, seconds: float, budget: float) -> str | None:
 
 
 def confirmation_values(search_path: Path, outcome_json: dict[str, Any], values: dict[str, Any] | None = None,
-                        seeds: list[int] | None = None) -> dict[str, Any] | None:
+                        seeds: list[int] | None = None, tried: list[tuple[str, str]] = ()) -> dict[str, Any] | None:
     """The confirmation file of a finished search: the found attack on `seeds` (default the
-    board's), at the search file's setting (or `values`, the setting as the search ran it)."""
+    board's), at the search file's setting (or `values`, the setting as the search ran it).
+    `tried`: (file name, attack in words) of each --try, named in its description (what a
+    search with those files has tried; robustbn's docs read it back)."""
     worst = outcome_json.get("worst")
     if not worst:
         return None
@@ -379,9 +381,11 @@ def confirmation_values(search_path: Path, outcome_json: dict[str, Any], values:
                                     "bn_var_attack", "bn_var_attack_params") if worst.get(k) not in (None, {})}
     from .labels import attack_words
     seeds = list(BOARD_SEEDS) if seeds is None else seeds
+    given = f" given by --try {Path(worst['given']).name}" if worst.get("given") else ""
     values["description"] = (f"The worst attack that robustbn attack-search {search_path.name} found (trial "
-                             f"{worst['trial']}, {attack_words(worst)}), on the seeds {', '.join(map(str, seeds))}, "
-                             f"held out from the search's trials")
+                             f"{worst['trial']}{given}, {attack_words(worst)}), on the seeds {', '.join(map(str, seeds))}, "
+                             f"held out from the search's trials"
+                             + "".join(f"; it tried too {name} ({words})" for name, words in tried))
     return {**values, "seed": seeds, **attack}
 
 

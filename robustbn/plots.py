@@ -35,15 +35,16 @@ from .labels import (  # noqa: E402
     varying,
 )
 from .stats import ACCURACY, CLIPPED_WORDS, MIN_PAIRS, accuracy, bands, by_seed, ci_text, interval  # noqa: E402
+from .stats import chance as chance_of  # noqa: E402
 from .worst import (  # noqa: E402
     ATTACK_FIELDS,
     BEST,
     DEFENSE_FIELDS,
     RESULT,
     SEARCHED,
-    ONLY,
     TIED,
     defense_map,
+    pick_head,
     setting_groups,
     source_kind,
     worst_case,
@@ -445,6 +446,7 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
     if not cells:
         raise ValueError(f"no attacked run has both {x} and {y}: nothing to map")
     norms = list(dict.fromkeys(c["norm"] for c in cells))
+    chance = chance_of(rows[0])
     # root-free, then trusted server data: a column each (where any protocol ran it), a protocol a row
     models = [m for m in (False, True) if any((c["threat"] is not None) == m for c in cells)]
     xs = sorted({hashable(c[x]) for c in cells}, key=sort_key)
@@ -464,7 +466,7 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
             words = ["\n".join(textwrap.wrap(f"{_compact(p['defense'])} {100 * p['worst_acc']:.0f}%{at(p)}", 38,
                                              max_lines=2, placeholder=" ...")) for p in shown]
             words += [f"+{len(c['picks']) - 3} more"] * (len(c["picks"]) > 3)
-            head = {BEST: "use", TIED: f"{len(c['picks'])} tied", ONLY: "the only defense run"}.get(c["verdict"], c["verdict"])
+            head = "\n".join(textwrap.wrap(pick_head(c, chance), 38))
             ax.text(j, i, "\n".join([head, *words]), ha="center", va="center", fontsize=7,
                     color="white" if top < 0.6 else "black")
         ax.set_facecolor("0.93")  # not run

@@ -39,6 +39,7 @@ from typing import Any
 
 from .labels import attack_short, attack_words, hashable, is_attack, norm_order, norm_words, text
 from .stats import CLIPPED_PERCENT_WORDS, DIVERGED_WORDS, MIN_PAIRS, PAIRED_WORDS, accuracy, too_few
+from .stats import chance as chance_of
 from .worst import (BEST, DEFENSE_FIELDS, SEARCHED, SEARCHED_PREFIX, TIED, WORSE, matrix_rows, setting_groups,
                     worst_case)
 
@@ -479,6 +480,7 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
         text = re.sub(r"`([^`]+)`", r"<code>\1</code>", e(pending or "No robustness curve run yet."))
         return f"<p>{text}</p>"
     xs, ys, panels = map_panels(defense_map(curves, "gamma", "f", tuned, expected))
+    chance = chance_of(curves[0])
     out = []
     for norm, data, here in panels:
         model = ROOT_FREE if data is None else f"{TRUSTED} ({data})"
@@ -490,7 +492,7 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
                 picks = "" if c is None else "".join(
                     f"<small>{e(p['defense'])} {pct(p['worst_acc'])} ({e(', '.join(f'{k} {p[k]}' for k in tuned))}"
                     f"{e((notes or {}).get((norm, data, g, f, p['defense']), ''))})</small>" for p in c["picks"])
-                tds.append("<td>-</td>" if c is None else f"<td><b>{e(pick_head(c))}</b>{picks}</td>")
+                tds.append("<td>-</td>" if c is None else f"<td><b>{e(pick_head(c, chance))}</b>{picks}</td>")
             rows.append(f'<tr><th scope="row">f = {f}</th>{"".join(tds)}</tr>')
         head = "".join(f'<th scope="col">gamma = {g:g}</th>' for g in xs)
         out.append(f'<div class="scroll"><table class="map"><caption>{e(norm_words(norm))}, {e(model)}: the '

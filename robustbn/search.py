@@ -130,11 +130,12 @@ class Trial:
     ran: bool                       # a seed run (or resumed) by this search, not read back from the store
     runs: list[SeedRun] = field(default_factory=list)  # the seeds run, in order (a pruned trial may skip some)
     bound: float | None = None      # pruned: its objective is at least this, above the worst found before it
+    given: str | None = None        # the --try file whose attack it is; None: the sampler's
 
     def as_json(self) -> dict[str, Any]:
         from .labels import attack_words
         return {"trial": self.number, "attack": attack_words(self.scenario), "status": self.status,
-                "final_acc": self.final_acc, "bound": self.bound,
+                "final_acc": self.final_acc, "bound": self.bound, "given": self.given,
                 "seeds": [{"seed": r.seed, "hash": r.hash, "status": r.status, "final_acc": r.final_acc,
                            "rounds_done": r.rounds_done} for r in self.runs]}
 
@@ -167,7 +168,7 @@ class Outcome:
         w = self.worst
         worst = None if w is None else {**expand_channels(w.scenario), "final_acc": w.final_acc, "trial": w.number,
                                         "hash": w.hash, "status": w.status, "seeds": [r.seed for r in w.runs],
-                                        "hashes": [r.hash for r in w.runs],
+                                        "hashes": [r.hash for r in w.runs], "given": w.given,
                                         "final_accs": [r.final_acc for r in w.runs]}
         return {"objective": OBJECTIVE, "seeds": self.seeds, "worst": worst, "trials": len(self.trials),
                 "proposals": self.proposals, "repeats": self.repeats, "pruned": self.count("pruned"),
@@ -234,6 +235,58 @@ def load(path: str | Path, overrides: list[str] = (), on: str | Path | None = No
                           f"{on_seeds}; a search runs on seeds held out from those it is confirmed on")
     _check_corners(values, space, src)
     return values, space
+
+
+def given_point(path: str | Path, values: dict[str, Any], space: Space) -> dict[str, tuple[str, dict]]:
+    """--try FILE: the attack of a scenario file of one attack per channel (a confirmation file
+    of another search, e.g. at another point of the same defense's curve) as a point of `space`,
+    every parameter in its range; a channel the space does not search must carry the search's
+    own attack."""
+    attacks = _single_attacks(read(path))
+    point = {}
+    for channel, options in space.channels.items():
+        name = attacks.get(f"{channel}_attack", "honest")
+        params = dict(attacks.get(f"{channel}_attack_params") or {})
+        if name not in options:
+            raise SearchError(f"--try {path}: its {channel} attack {name!r} is not in the search space "
+                              f"([search.{channel}] attacks: {', '.join(options)})")
+        ranges = options[name]
+        if set(params) - set(ranges):
+            raise SearchError(f"--try {path}: its {channel} attack {name!r} sets {sorted(set(params) - set(ranges))}, "
+                              f"which the search space does not (it has: {', '.join(ranges) or 'none'})")
+        for key, r in ranges.items():
+            where = f"--try {path}: {channel} attack {name!r}, parameter {key!r}"
+            if key not in params:
+                if r.kind == "value":
+                    params[key] = r.value
+                    continue
+                raise SearchError(f"{where}: not given; the search space ranges it, so the file must give its value")
+            v = params[key]
+            inside = (v in r.choices if r.kind == "choice" else v == r.value if r.kind == "value" else
+                      isinstance(v, (int, float)) and not isinstance(v, bool) and r.low <= v <= r.high)
+            if not inside:
+                allowed = (f"one of {list(r.choices)}" if r.kind == "choice" else f"{r.value!r}" if r.kind == "value"
+                           else f"in [{r.low:g}, {r.high:g}]")
+                raise SearchError(f"{where}: {v!r} is outside the search space ({allowed})")
+        point[channel] = (name, params)
+    point = _point_of(_params_of(point, space), space)  # as the sampler would spell it (significant digits)
+    kept = expand_channels(expand(trial_values(values, point), f"--try {path}")[0].to_dict())
+    for key in (k for k in attacks if k.endswith("_attack") and k.removesuffix("_attack") not in space.channels):
+        params = f"{key}_params"
+        if attacks[key] != kept[key] or params in attacks and attacks[params] != (kept.get(params) or {}):
+            raise SearchError(f"--try {path}: {key} = {attacks[key]!r}, but the search keeps that channel at "
+                              f"{kept[key]!r} (it does not search it)")
+    return point
+
+
+def _params_of(point: dict[str, tuple[str, dict]], space: Space) -> dict[str, Any]:
+    """The Optuna parameters that propose `point` (_suggest's names)."""
+    params = {}
+    for channel, (name, values) in point.items():
+        params[f"{channel}.attack"] = name
+        params.update({f"{channel}.{name}.{k}": v for k, v in values.items()
+                       if space.channels[channel][name][k].kind != "value"})
+    return params
 
 
 def _single_attacks(values: dict[str, Any]) -> dict[str, Any]:
@@ -633,11 +686,14 @@ def _row(store: Store, run_hash: str) -> tuple[str, list[dict], str | None] | No
 
 def search(values: dict[str, Any], space: Space, store: Store, source: str = "", trials: int | None = None,
            progress: bool = True, checkpoint_every: int | None = None,
-           log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> Outcome:
+           log: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+           given: list[tuple[str, dict]] = ()) -> Outcome:
     """Run (or resume) the search into `store`: `trials` (default the file's) distinct trials,
-    each seed run read back from the store where it is finished or was stopped, else run. On
-    SIGINT or SIGTERM the running trial stops at its next round end, checkpointed, and
-    Interrupted is raised."""
+    each seed run read back from the store where it is finished or was stopped, else run; then
+    each `given` attack ((file, point): --try) not tried yet, as one more trial, so that an
+    attack known to hurt this defense elsewhere is never missed by a short search. On SIGINT or
+    SIGTERM the running trial stops at its next round end, checkpointed, and Interrupted is
+    raised."""
     import optuna
     from tqdm.auto import tqdm
 
@@ -676,18 +732,21 @@ def search(values: dict[str, Any], space: Space, store: Store, source: str = "",
                     log(f"{source}: {outcome.stopped}")
                     break
                 trial, point = proposed
-                w = outcome.worst
-                result = _trial(ctx, point, number + 1, None if w is None else w.final_acc)
-                outcome.trials.append(result)
-                if result.status == "pruned":
-                    trial.report(result.bound, 0)
-                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                elif result.status == "failed":
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                else:
-                    study.tell(trial, result.final_acc)
+                _tell(study, trial, _next_trial(ctx, outcome, point))
                 bar.set_postfix(repeats=outcome.repeats, refresh=False)
                 bar.update(1)
+            for path, point in given:  # after the sampler's: a search run before with fewer reads them all back
+                if _point_key(point) in proposer.seen:
+                    continue  # the sampler (or an earlier file) tried it already
+                if stop_requested():
+                    raise Interrupted(stop_requested(), outcome)
+                proposer.seen.add(_point_key(point))
+                study.enqueue_trial(_params_of(point, space))
+                trial = study.ask()
+                _suggest(trial, space)  # its parameters registered, so a longer search learns from it
+                result = _next_trial(ctx, outcome, point)
+                result.given = str(path)
+                _tell(study, trial, result)
     except Interrupted as e:
         raise Interrupted(e.signum, outcome) from None
     finally:
@@ -695,6 +754,25 @@ def search(values: dict[str, Any], space: Space, store: Store, source: str = "",
         restore()
         clear_stop()
     return outcome
+
+
+def _next_trial(ctx: _Context, outcome: Outcome, point: dict) -> Trial:
+    w = outcome.worst
+    result = _trial(ctx, point, len(outcome.trials) + 1, None if w is None else w.final_acc)
+    outcome.trials.append(result)
+    return result
+
+
+def _tell(study, trial, result: Trial) -> None:
+    import optuna
+
+    if result.status == "pruned":
+        trial.report(result.bound, 0)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    elif result.status == "failed":
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    else:
+        study.tell(trial, result.final_acc)
 
 
 @dataclass
@@ -809,8 +887,10 @@ def _final(status: str, history: list[dict], values: dict) -> float:
 def summary(outcome: Outcome) -> str:
     """One line: the trials, the proposals that repeated one, and what was stopped early."""
     n = len(outcome.trials)
-    line = (f"{n} trial{'s' * (n != 1)} ({n} distinct attacks from {outcome.proposals} proposals, "
-            f"{outcome.repeats} repeat{'s' * (outcome.repeats != 1)} not counted): "
+    given = sum(t.given is not None for t in outcome.trials)
+    line = (f"{n} trial{'s' * (n != 1)} ({n - given} distinct attacks from {outcome.proposals} proposals, "
+            f"{outcome.repeats} repeat{'s' * (outcome.repeats != 1)} not counted"
+            f"{f', and {given} given by --try' if given else ''}): "
             f"{n - outcome.count('pruned') - outcome.count('failed')} finished, {outcome.count('pruned')} stopped "
             f"early (could not end below the worst), {outcome.count('failed')} failed")
     return line + (f"; {outcome.stopped}" if outcome.stopped else "")
@@ -826,7 +906,7 @@ def table_rows(outcome: Outcome) -> list[dict[str, Any]]:
 
     order = {"done": 0, "diverged": 0, "pruned": 1, "failed": 2}
     trials = sorted(outcome.trials, key=lambda t: (order[t.status], t.final_acc or t.bound or 0.0, t.number))
-    return [{"trial": t.number, "attack": attack_words(t.scenario), "status": t.status, "final_acc": t.final_acc,
+    return [{"trial": t.number if t.given is None else f"{t.number} (--try)", "attack": attack_words(t.scenario), "status": t.status, "final_acc": t.final_acc,
              "bound": t.bound, "seeds": ", ".join(f"{r.seed}: " + ("-" if r.final_acc is None else f"{r.final_acc:.4f}")
                                                   for r in t.runs),
              "rounds_done": t.rounds_done, "run": "here" if t.ran else "in the store", "hash": t.hash} for t in trials]
@@ -840,5 +920,6 @@ def worst_line(outcome: Outcome) -> str:
         return "worst attack found: none (no trial finished)"
     seeds = ", ".join(str(r.seed) for r in w.runs)
     return (f"worst attack found: {attack_words(w.scenario)}: final accuracy {w.final_acc:.4f} "
-            f"({'mean over seeds ' + seeds if len(w.runs) > 1 else 'seed ' + seeds}; trial {w.number}, "
+            f"({'mean over seeds ' + seeds if len(w.runs) > 1 else 'seed ' + seeds}; trial {w.number}"
+            f"{f' (--try {w.given})' if w.given else ''}, "
             f"run{'s' * (len(w.runs) > 1)} {', '.join(r.hash for r in w.runs)})")

@@ -65,6 +65,13 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
 
+def score(acc: float) -> float:
+    """A worst case as the rule compares it: accuracies are counts over a test set, so two means
+    that differ only in float32's last bits (10.000000149% and 9.999999404%: chance at every lr)
+    are equal, and the first point of the grid wins, not rounding noise."""
+    return round(acc, 6)
+
+
 def choose(rows: list[dict[str, Any]], grid: dict[str, list[Any]],
            pruned: Callable[[dict[str, Any], int], bool] | None = None,
            point_of: dict[str, int] | None = None) -> list[dict[str, Any]]:
@@ -108,7 +115,7 @@ def choose(rows: list[dict[str, Any]], grid: dict[str, list[Any]],
                            "pruned": bool(t and pruned and pruned(t, i))})
         known = [s for s in scores if s["worst_acc"] is not None]
         candidates = [s for s in known if not s["pruned"]]
-        best = max(candidates, key=lambda s: s["worst_acc"]) if candidates else None  # max keeps the first of equals
+        best = max(candidates, key=lambda s: score(s["worst_acc"])) if candidates else None  # max keeps the first of equals
         shown = d["by_point"][points.index(best["point"])] if best else d["setting"]
         out.append({"norm": d["norm"], "defense": d["defense"], "server_data": shown["server_data"], "scores": scores,
                     "chosen": best and best["point"], "chosen_acc": best and best["worst_acc"],
@@ -324,8 +331,8 @@ class Tuning:
                 if st["complete"] or st["bound"] is None:
                     continue
                 # a finished point q wins over i whatever i's other attacks give: i's score <= bound
-                st["pruned"] = any(q["bound"] > st["bound"] or (q["bound"] == st["bound"] and j < i)
-                                   for j, q in complete)
+                st["pruned"] = any(score(q["bound"]) > score(st["bound"]) or
+                                   (score(q["bound"]) == score(st["bound"]) and j < i) for j, q in complete)
             out[ident] = states
         return out
 
@@ -357,7 +364,7 @@ class Tuning:
                           and (st["complete"] or i in open_points)]
             if not contenders:
                 continue
-            leader = max(contenders, key=lambda i: (states[i]["bound"], -i))
+            leader = max(contenders, key=lambda i: (score(states[i]["bound"]), -i))
             if not states[leader]["complete"]:
                 wave += todo(by_point[leader][min(left(leader), key=harm(leader))])
         return wave

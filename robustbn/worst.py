@@ -360,6 +360,21 @@ def map_panels(cells: list[dict[str, Any]], x: str = "gamma", y: str = "f"
     return xs, ys, panels
 
 
-def pick_head(cell: dict[str, Any]) -> str:
-    """A map cell's verdict in a word or two: "use", "3 tied", "only one run", or why none."""
-    return {BEST: "use", TIED: f"{len(cell['picks'])} tied", ONLY: "only one run"}.get(cell["verdict"], cell["verdict"])
+# a worst case within a point of chance is broken, whatever its interval: no search can lower
+# it much (a diverged run counts at chance), and no one would deploy it
+AT_CHANCE = 0.01
+
+
+def pick_head(cell: dict[str, Any], chance: float | None = None) -> str:
+    """A map cell's verdict in a few words: "use", "3 tied", "the only defense run", or why none;
+    with `chance` (1 / classes), "none works (at chance)" where every pick is within AT_CHANCE
+    of it, and a tied set that holds such a pick says so (none of it is shown above chance)."""
+    picks, verdict = cell["picks"], cell["verdict"]
+    at_chance = [chance is not None and p["worst_acc"] <= chance + AT_CHANCE for p in picks]
+    if verdict in (BEST, TIED, ONLY) and picks and all(at_chance):
+        return "none works (at chance)"
+    head = {BEST: "use", TIED: f"{len(picks)} tied", ONLY: ONLY}.get(verdict, verdict)
+    if verdict == TIED and any(at_chance):
+        head += ", one at chance: none shown above it" if sum(at_chance) == 1 else \
+            f", {sum(at_chance)} at chance: none shown above them"
+    return head

@@ -647,3 +647,51 @@ def test_on_looks_for_user_modules_beside_both_files(tmp_path):
     on = write(tmp_path / "tuned", ON, "tuned.toml")
     values, _ = load(template, on=on)
     assert str((tmp_path / "tuned").resolve()) in values["search_path"] and values["grad_agg"] == "median"
+
+
+def test_try_adds_a_known_attack_after_the_samplers_trials_once(tmp_path, capsys, counted):
+    """--try FILE: after the sampler's trials (read back from the store where a shorter search ran
+    them), FILE's attack is one more trial, run only where no trial tried it; here it is the
+    worst, and its confirmation file says where it came from. A point the sampler tried already
+    is not tried again."""
+    path, db = write(tmp_path, BASE + SPACE.format(seed=0)), tmp_path / "s.sqlite"
+    sampled = tmp_path / "searched_worst_sampled.toml"  # the sampler's worst, as a confirmation file holds it
+    first = search(capsys, path, db, "--trials", "1", "--confirm", str(sampled))
+    assert first["worst"]["grad_attack"] == "alie" and first["worst"]["final_acc"] > 0.2
+    ran = len(counted)
+    known = write(tmp_path, BASE + 'grad_attack = "scale"\ngrad_attack_params = { factor = -9000.0 }\n', "known.toml")
+    confirm = tmp_path / "searched_worst_x.toml"
+    out = search(capsys, path, db, "--trials", "1", "--try", str(known), "--confirm", str(confirm))
+    assert out["trials"] == 2 and [t["given"] for t in out["tried"]] == [None, str(known)]
+    assert out["tried"][0] == first["tried"][0]  # the sampler's trial, read back
+    assert len(counted) == ran + 1  # the given attack's one seed, and nothing else
+    given = out["tried"][1]
+    assert given["attack"].startswith("scaling (factor=-9000") and given["final_acc"] <= 0.15
+    assert out["worst"]["trial"] == 2 and out["worst"]["given"] == str(known)
+    description = tomllib.loads(confirm.read_text())["description"]
+    assert "(trial 2 given by --try known.toml, scaling" in description
+    assert description.endswith("; it tried too known.toml (scaling (factor=-9000.0) on the gradients)")
+    assert read_confirmed(confirm) == ("scale", {"factor": -9000.0})
+    # the same command again: everything read back
+    assert search(capsys, path, db, "--trials", "1", "--try", str(known)) == out and len(counted) == ran + 1
+    # a --try of the attack the sampler tried: no trial added
+    again = search(capsys, path, db, "--trials", "1", "--try", str(sampled))
+    assert again["trials"] == 1 and len(counted) == ran + 1
+
+
+def read_confirmed(path) -> tuple:
+    values = tomllib.loads(Path(path).read_text())
+    return values["grad_attack"], values.get("grad_attack_params")
+
+
+def test_try_files_outside_the_space_get_one_line_errors(tmp_path, capsys):
+    path, db = write(tmp_path, BASE + SPACE.format(seed=0)), tmp_path / "s.sqlite"
+    for name, attack, words in [("a", 'grad_attack = "ipm"\n', ("--try", "'ipm' is not in the search space", "alie")),
+                                ("b", 'grad_attack = "scale"\ngrad_attack_params = { factor = 5.0 }\n',
+                                 ("--try", "'factor'", "5.0 is outside the search space", "[-10000, -1000]")),
+                                ("c", 'grad_attack = "alie"\n', ("--try", "'z'", "not given")),
+                                ("d", 'grad_attack = "alie"\ngrad_attack_params = { z = 1.0 }\nbn_attack = "sf"\n',
+                                 ("--try", "bn_mean_attack = 'sf'", "does not search it"))]:
+        known = write(tmp_path, BASE + attack, f"{name}.toml")
+        one_line_error(capsys, main(["attack-search", str(path), "--db", str(db), "--try", str(known)]), *words)
+    assert not db.exists()

@@ -314,7 +314,67 @@ def test_curve_searches_pass_over_a_tied_pick_at_chance(tmp_path, monkeypatch, c
     tables.curve_searches()
     out = capsys.readouterr().out
     assert "1 of the 2 picks a search could change are searched" in out
-    assert "| FBN | root-free | 0.5 | 3 | mean (lr 0.1) | 10.0 | yes |" in out
+    assert "| FBN | root-free | 0.5 | 3 | mean (lr 0.1) | 10.0 [10.0, 10.0] (5 seeds) | yes |" in out
+    # nnm+median's search then tries the mean's found attack too... only where it is the same defense:
+    # a confirmed search of another defense is no --try of this one
+    (command,) = [line for line in out.splitlines() if line.startswith("robustbn attack-search")]
+    assert "--try" not in command
+
+
+def test_a_search_tries_the_attacks_confirmed_at_the_same_defenses_other_points(tmp_path, monkeypatch, capsys):
+    """nnm+median is a pick at gamma 0.5 and at gamma 1; once its search at gamma 1 is confirmed,
+    the search at gamma 0.5 is left until it has tried that attack (`--try`, named with its attack
+    in the confirmation's description), and the one at gamma 1 until it has tried gamma 0.5's."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import tables
+    from test_worst_case import ATTACKS, BASE, DEFENSES, add
+
+    from robustbn.evaluate import toml_text
+    from robustbn.store import Store, scenario_dict
+
+    tuned_dir = tmp_path / tables.TUNED_DIR
+    tuned_dir.mkdir(parents=True)
+    store = Store(tmp_path / "c.sqlite")
+    for gamma in (0.5, 1.0):
+        for d, defense in enumerate(DEFENSES):
+            values = {**BASE, "norm": "fbn", "f": 3, "gamma": gamma, "lr": 0.1, "seed": list(range(5)),
+                      **DEFENSES[defense]}
+            (tuned_dir / f"tuned_fbn_{defense.replace('+', '_')}_{gamma:g}.toml").write_text(toml_text(values))
+            for seed in range(5):  # both above chance, tied
+                acc = 0.3 + 0.02 * d + 0.04 * (-1) ** seed
+                add(store, acc, norm="fbn", f=3, gamma=gamma, lr=0.1, seed=seed, **DEFENSES[defense],
+                    **ATTACKS["sf-mean"])
+    runs = store.rows()
+    store.close()
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    monkeypatch.setattr(tables, "curve_runs", lambda x=None: runs)
+    monkeypatch.setattr(tables, "_search_space", lambda norm, defense: f"scenarios/search_{norm}.toml")
+    at_1 = f"{tables.TUNED_DIR}/searched_worst_fbn_nnm_median_1.toml"
+    at_half = f"{tables.TUNED_DIR}/searched_worst_fbn_nnm_median_0.5.toml"
+    values = {**BASE, "norm": "fbn", "f": 3, "gamma": 1.0, "lr": 0.1, "seed": list(range(5)),
+              **DEFENSES["nnm+median"], **ATTACKS["sf-mean"]}
+    (tmp_path / at_1).write_text(toml_text({**values, "description": "found at gamma 1"}))
+    mine = lambda path: [r for r in runs if r["gamma"] == (1.0 if path == at_1 else 0.5)
+                         and r["bn_agg"] == DEFENSES["nnm+median"]["bn_agg"]]
+    monkeypatch.setattr(tables, "planned_scenarios", lambda path: tuple(scenario_dict(r) for r in mine(path)))
+    monkeypatch.setattr(tables, "own_seed_runs", mine)
+
+    def left():
+        tables.curve_searches()
+        return {line.split(" --on ")[1].split()[0]: line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("robustbn attack-search")}
+    commands = left()
+    at_half_tuned = f"{tables.TUNED_DIR}/tuned_fbn_nnm_median_0.5.toml"
+    assert f"--try {at_1} " in commands[at_half_tuned]
+    # gamma 1's own search is confirmed but has nothing to try yet (gamma 0.5 has no confirmation)
+    assert not any("_nnm_median_1.toml" in k for k in commands)
+    words = "SF on the mean"
+    (tmp_path / at_half).write_text(toml_text({**values, "gamma": 0.5, "description":
+                                               f"found at gamma 0.5; it tried too {Path(at_1).name} ({words})"}))
+    commands = left()
+    assert at_half_tuned not in commands  # tried gamma 1's attack: done
+    assert f"--try {at_half} " in commands[f"{tables.TUNED_DIR}/tuned_fbn_nnm_median_1.toml"]
 
 
 @pytest.mark.parametrize("board_acc, near", [(0.15, True), (0.45, False)])

@@ -32,6 +32,8 @@ def register(sub) -> None:
                               "  robustbn attack-search my_search.toml --trials 10 --format json\n"
                               "  robustbn attack-search scenarios/search_fbn_mean.toml --on tuned/tuned_fbn_mean.toml "
                               "--confirm tuned/searched_worst_fbn_mean.toml\n"
+                              "  robustbn attack-search scenarios/search_fbn_mean.toml --on tuned/tuned_fbn_mean_f_4.toml "
+                              "--try tuned/searched_worst_fbn_mean_f_3.toml --confirm tuned/searched_worst_fbn_mean_f_4.toml\n"
                               "  robustbn results --worst-case --db results/search.sqlite")
     p.add_argument("file")
     p.add_argument("--trials", type=int, default=None, help="trials in all (default: [search] trials)")
@@ -54,6 +56,10 @@ def register(sub) -> None:
                    help="once the search is done, write FILE: its worst attack at the search's setting on seeds 0-4 "
                         "(held out from its trials), a scenario file for robustbn run (the board's "
                         "scenarios/searched_worst_*.toml)")
+    p.add_argument("--try", dest="tries", action="append", default=[], metavar="FILE",
+                   help="after the sampler's trials, try FILE's attack too (a scenario file of one attack per "
+                        "channel, in the search space: e.g. the confirmation file of a search at another point of the "
+                        "same defense); repeatable")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
                    help="write the running trial's checkpoint every K rounds (default: every 2 minutes; 0: never)")
@@ -66,7 +72,7 @@ def cmd_attack_search(args) -> int:
     import json
 
     from ..checkpoint import Interrupted, checkpoint_dir
-    from ..search import TABLE_COLUMNS, load, search, summary, table_rows, worst_line
+    from ..search import TABLE_COLUMNS, given_point, load, search, summary, table_rows, worst_line
     from ..store import Store, strict_json
 
     if args.jobs != 1:
@@ -79,10 +85,11 @@ def cmd_attack_search(args) -> int:
     check_device_here(args.device)
     values, space = load(args.file, args.set + ([f"device={args.device}"] if args.device else []), on=args.on,
                          sampler_seed=args.sampler_seed)
+    given = [(path, given_point(path, values, space)) for path in args.tries]
     store = Store(args.db)
     try:
         outcome, code = search(values, space, store, str(args.file), args.trials, progress=not args.quiet,
-                               checkpoint_every=args.checkpoint_every), 0
+                               checkpoint_every=args.checkpoint_every, given=given), 0
     except Interrupted as e:
         outcome, code = e.summary, 128 + e.signum
     finally:
@@ -94,7 +101,7 @@ def cmd_attack_search(args) -> int:
         return code
     failed = outcome.count("failed")
     if args.confirm:
-        _write_confirmation(args, values, outcome.as_json())
+        _write_confirmation(args, values, outcome.as_json(), given)
     if args.format == "json":
         print(summary(outcome), file=sys.stderr)
         print(json.dumps(strict_json(outcome.as_json()), indent=1, allow_nan=False))
@@ -105,20 +112,24 @@ def cmd_attack_search(args) -> int:
     return 1 if failed else 0
 
 
-def _write_confirmation(args, values: dict, outcome_json: dict) -> None:
-    """--confirm FILE: the found attack on the held-out seeds (robustbn.evaluate.confirmation_values)."""
+def _write_confirmation(args, values: dict, outcome_json: dict, given: list) -> None:
+    """--confirm FILE: the found attack on the held-out seeds (robustbn.evaluate.confirmation_values),
+    naming each --try file and its attack."""
     from pathlib import Path
 
     from ..evaluate import confirmation_values, toml_text
-    from ..matrix import carried_search_path
-    from ..search import defense_of
+    from ..labels import attack_words
+    from ..matrix import carried_search_path, expand
+    from ..search import defense_of, trial_values
 
     if args.device:  # --device reached the runs; the file keeps the setting's own (a run is the same on any)
         own = _setting_device(args)
         values = {**{k: v for k, v in values.items() if k != "device"}, **({"device": own} if own else {})}
     # --on MATRIX: confirmed on MATRIX's seeds, so that its runs join MATRIX's cells
     seeds = defense_of(args.on)[1] if args.on else None
-    confirm = confirmation_values(Path(args.file), outcome_json, values, seeds)
+    tried = [(Path(path).name, attack_words(expand(trial_values(values, point), path)[0].to_dict()))
+             for path, point in given]
+    confirm = confirmation_values(Path(args.file), outcome_json, values, seeds, tried)
     if confirm is None:
         raise UsageError(f"--confirm {args.confirm}: the search has no finished trial, so no attack to confirm")
     Path(args.confirm).parent.mkdir(parents=True, exist_ok=True)
