@@ -619,8 +619,8 @@ def robustness_map() -> None:
         print(f"| f \\ gamma | {' | '.join(f'{g:g}' for g in xs)} |")
         print(f"|---|{'---|' * len(xs)}")
         for f in ys:
-            row = [f"{pick_head(c, chance)}: " + "; ".join(f"{p['defense']} {100 * p['worst_acc']:.1f} (lr {p['lr']:g}"
-                                                 f"{searched.get((norm, threat, g, f, p['defense']), '')})"
+            row = [f"{pick_head(c, chance)}: " + "; ".join(f"{p['defense']} {estimate_cell(p)}, lr {p['lr']:g}"
+                                                 f"{searched.get((norm, threat, g, f, p['defense']), '')}"
                                                  for p in c["picks"]) if (c := here.get((f, g))) else ""
                    for g in xs]
             print(f"| {f} | {' | '.join(row)} |")

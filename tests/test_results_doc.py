@@ -177,13 +177,14 @@ def test_the_robustness_section_tabulates_the_curves_and_its_figure_carries_thei
         row = next(line for line in text.splitlines() if line.startswith(f"| {defense} |"))
         cell = row.split(" | ")[1 if gamma == 0.0 else 2]
         assert cell.startswith(f"{100 * t['worst_acc']:.1f} [") and "(5 seeds)" in cell
-        assert f"lr {t['lr']:g}; clean {100 * t['no_attack_acc']:.1f}" in cell
+        assert f"lr {t['lr']:g}; clean {100 * t['no_attack_acc']:.1f} [" in cell
     digest = re.search(r"<!-- data ([0-9a-f]{16}) -->", text).group(1)
     tables.robustness_map()  # the map: at each gamma the higher defense, paired over 5 seeds, at its lr
     best = {g: max((t for t in truth.values() if t["gamma"] == g), key=lambda t: t["worst_acc"]) for g in (0.0, 1.0)}
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 3 |"))
-    assert row == "| 3 | " + " | ".join(f"use: {best[g]['defense']} {100 * best[g]['worst_acc']:.1f} (lr {best[g]['lr']:g})"
+    assert row == "| 3 | " + " | ".join(f"use: {best[g]['defense']} {tables.estimate_cell(best[g])}, lr {best[g]['lr']:g}"
                                           for g in (0.0, 1.0)) + " |"
+    assert "52.0 [50.0, 54.0] (5 seeds), lr 0.1" in row  # the interval and seeds of each pick
     image = tmp_path / "docs" / "img" / "robustness_gamma.png"
     assert Image.open(image).text["robustbn-data"] == digest
 
@@ -237,7 +238,8 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     assert "| FBN | root-free | 1 | 3 | mean on the gradients, nnm+median on the mean and variance (lr 0.01) | 82.0" in out and "| not yet |" in out
     tables.robustness_map()  # the map says which picks stand on the catalogue's attacks only
     out = capsys.readouterr().out
-    assert "nnm+median on the mean and variance 82.0 (lr 0.01, not searched yet)" in out
+    assert re.search(r"nnm\+median on the mean and variance 82\.0 \[[\d.]+, [\d.]+\] \(5 seeds\), lr 0\.01, "
+                     r"not searched yet", out)
     assert 'A pick marked "not searched yet" stands on the catalogue\'s attacks only' in out
     (tmp_path / confirm).write_text("")
     searched = [{**r, "source": confirm} if r["gamma"] == 1.0 and r["bn_agg"] == "nnm+median" else r for r in runs]
@@ -253,7 +255,7 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     assert "1 of the 1 picks a search could change are searched" in out and "robustbn attack-search" not in out
     tables.robustness_map()
     out = capsys.readouterr().out
-    assert "82.0 (lr 0.01, searched)" in out and "not searched yet" not in out
+    assert re.search(r"82\.0 \[[\d.]+, [\d.]+\] \(5 seeds\), lr 0\.01, searched", out) and "not searched yet" not in out
     # the same runs made on a GPU (their hashes are the GPU's) finish the confirmation too
     from robustbn.store import scenario_hash
     monkeypatch.setattr(tables, "own_seed_runs",

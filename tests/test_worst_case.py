@@ -642,3 +642,24 @@ def test_a_curve_per_value_of_another_setting_is_named_by_it_and_an_axis_needs_i
         robustness_figure(rows, "alpha")
     with pytest.raises(ValueError, match="--tuned gamma"):
         robustness_figure(rows, "gamma", tuned=("gamma",))
+
+
+def test_a_map_cell_at_chance_says_none_works_and_a_tied_set_names_its_picks_at_chance():
+    """pick_head: every pick within AT_CHANCE of chance reads "none works (at chance)", whatever
+    the verdict; a tied set holding one such pick says none of it is shown above chance; without
+    `chance` (a dataset of unknown classes) the verdict alone."""
+    from robustbn.worst import AT_CHANCE, BEST, ONLY, TIED, pick_head
+
+    pick = lambda acc: {"defense": "d", "worst_acc": acc}
+    chance = 0.1
+    assert pick_head({"verdict": TIED, "picks": [pick(0.105), pick(0.1)]}, chance) == "none works (at chance)"
+    assert pick_head({"verdict": ONLY, "picks": [pick(chance + AT_CHANCE)]}, chance) == "none works (at chance)"
+    assert pick_head({"verdict": TIED, "picks": [pick(0.145), pick(0.14), pick(0.1)]}, chance) == \
+        "3 tied, one at chance: none shown above it"
+    assert pick_head({"verdict": TIED, "picks": [pick(0.3), pick(0.1), pick(0.1)]}, chance) == \
+        "3 tied, 2 at chance: none shown above them"
+    assert pick_head({"verdict": BEST, "picks": [pick(0.111)]}, chance) == "use"
+    assert pick_head({"verdict": ONLY, "picks": [pick(0.58)]}, chance) == ONLY == "the only defense run"
+    assert pick_head({"verdict": TIED, "picks": [pick(0.1), pick(0.1)]}) == "2 tied"
+    assert pick_head({"verdict": "2 of 3 defenses run, no pick yet", "picks": [pick(0.1)]}, chance) == \
+        "2 of 3 defenses run, no pick yet"
