@@ -242,7 +242,10 @@ def given_point(path: str | Path, values: dict[str, Any], space: Space) -> dict[
     of another search, e.g. at another point of the same defense's curve) as a point of `space`,
     every parameter in its range; a channel the space does not search must carry the search's
     own attack."""
-    attacks = _single_attacks(read(path))
+    try:
+        attacks = _single_attacks(read(path))
+    except MatrixError as e:
+        raise SearchError(f"--try {e}") from None
     point = {}
     for channel, options in space.channels.items():
         name = attacks.get(f"{channel}_attack", "honest")

@@ -694,4 +694,6 @@ def test_try_files_outside_the_space_get_one_line_errors(tmp_path, capsys):
                                  ("--try", "bn_mean_attack = 'sf'", "does not search it"))]:
         known = write(tmp_path, BASE + attack, f"{name}.toml")
         one_line_error(capsys, main(["attack-search", str(path), "--db", str(db), "--try", str(known)]), *words)
+    one_line_error(capsys, main(["attack-search", str(path), "--db", str(db), "--try", str(tmp_path / "none.toml")]),
+                   "--try", "none.toml", "no such")
     assert not db.exists()
