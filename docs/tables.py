@@ -665,7 +665,6 @@ def curve_search_rows() -> tuple[tuple, tuple]:
     its search is confirmed), and the commands of the searches left."""
     import hashlib
 
-    from robustbn.matrix import expand, read
     from robustbn.stats import chance as chance_of
     from robustbn.worst import BEST, TIED, defense_map
 
@@ -673,12 +672,7 @@ def curve_search_rows() -> tuple[tuple, tuple]:
     if not runs:
         return (), ()
     chance = chance_of(runs[0])
-    tuned = {}  # (norm, defense, gamma, f) -> its tuned file
-    for path in tuned_files():
-        with chdir(ROOT):
-            d = expand_channels(expand(read(path), path)[0].to_dict())
-        tuned[(d["norm"], setting_defense_words(d), d["gamma"], d["f"])] = path
-    confirm_of = lambda path: f"{TUNED_DIR}/{SEARCHED_PREFIX}{Path(path).stem.removeprefix('tuned_')}.toml"
+    tuned = tuned_points()
     # a confirmation counts once every run of it has finished (a found attack that is one of the
     # catalogue's has the tuned file's runs, which count for it too)
     confirmed = {f for f in curve_confirmations() if all_finished(f)}
@@ -690,11 +684,11 @@ def curve_search_rows() -> tuple[tuple, tuple]:
             path = tuned.get((c["norm"], p["defense"], c["gamma"], c["f"]))
             if path is None:
                 continue
-            confirm = confirm_of(path)
+            confirm = confirmation_of(path)
             # the attacks found against this defense at its other points are tried here too
             # (--try): a short search must not miss what broke the same defense next door
-            others = [confirm_of(q) for (norm, defense, *point), q in tuned.items()
-                      if (norm, defense) == (c["norm"], p["defense"]) and q != path and confirm_of(q) in confirmed]
+            others = [confirmation_of(q) for (norm, defense, *point), q in tuned.items()
+                      if (norm, defense) == (c["norm"], p["defense"]) and q != path and confirmation_of(q) in confirmed]
             searched = confirm in confirmed
             done = searched and all(tried_in(confirm, other) for other in others)
             if not done and p["worst_acc"] <= chance + ABOVE_CHANCE:
@@ -707,6 +701,23 @@ def curve_search_rows() -> tuple[tuple, tuple]:
                             f"--sampler-seed {sampler}{tries} --db results/board.sqlite --confirm {confirm} && "
                             f"robustbn run {confirm} --db results/board.sqlite")
     return tuple(rows), tuple(left)
+
+
+def tuned_points() -> dict[tuple, str]:
+    """Each tuned file by the point and defense it holds: (norm, defense, gamma, f) -> path."""
+    from robustbn.matrix import expand, read
+
+    tuned = {}
+    for path in tuned_files():
+        with chdir(ROOT):
+            d = expand_channels(expand(read(path), path)[0].to_dict())
+        tuned[(d["norm"], setting_defense_words(d), d["gamma"], d["f"])] = path
+    return tuned
+
+
+def confirmation_of(tuned_path: str) -> str:
+    """The confirmation file of the search at a tuned file's point."""
+    return f"{TUNED_DIR}/{SEARCHED_PREFIX}{Path(tuned_path).stem.removeprefix('tuned_')}.toml"
 
 
 def tried_in(confirm: str, other: str) -> bool:
@@ -771,17 +782,10 @@ def estimate_cell(t: dict) -> str:
 def confirmed_points() -> dict[tuple, dict]:
     """The curves' points whose search is confirmed (every run of its confirmation finished), by
     (norm, defense, gamma, f): the point as robustness_lines gives it, at its tuned lr."""
-    from robustbn.matrix import expand, read
     from robustbn.plots import robustness_lines
 
     confirmed = {f for f in curve_confirmations() if all_finished(f)}
-    keys = set()
-    for path in tuned_files():
-        confirm = f"{TUNED_DIR}/{SEARCHED_PREFIX}{Path(path).stem.removeprefix('tuned_')}.toml"
-        if confirm in confirmed:
-            with chdir(ROOT):
-                d = expand_channels(expand(read(path), path)[0].to_dict())
-            keys.add((d["norm"], setting_defense_words(d), d["gamma"], d["f"]))
+    keys = {key for key, path in tuned_points().items() if confirmation_of(path) in confirmed}
     points = {}
     for x in SWEEPS:
         if runs := curve_runs(x):
