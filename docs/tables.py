@@ -588,6 +588,7 @@ def curve_findings() -> None:
 SEARCHED_WORDS, NOT_SEARCHED = ", searched", ", not searched yet"
 NOT_TRIED = ", searched, not yet against the attacks found at its other points"
 PARTLY = "its own; not yet its other points' attacks"
+SEARCH_STATES = {SEARCHED_WORDS: "yes", NOT_TRIED: PARTLY, NOT_SEARCHED: "not yet", "": ""}  # the map's column
 
 
 def search_notes() -> dict[tuple, str]:
@@ -601,7 +602,7 @@ def search_notes() -> dict[tuple, str]:
 def robustness_map() -> None:
     """Which defense to use where, per protocol and threat model: the paired rule's pick (or the
     tied set) at each (f, gamma) point of the curves, each at its tuned lr."""
-    from robustbn.labels import norm_words
+    from robustbn.labels import compact_defense, norm_words
     from robustbn.plots import plot
     from robustbn.stats import chance as chance_of
     from robustbn.worst import defense_map, map_panels, pick_head
@@ -614,16 +615,21 @@ def robustness_map() -> None:
     chance = chance_of(runs[0])
     # the picks a search could change: searched (confirmed) or not yet
     searched = search_notes()
+    # a row per pick, not a grid of cells naming several defenses each: narrow enough for a phone
+    print("Each point's verdict is on its first row; the rows under it are the defenses tied with it. "
+          "(grad): on the gradients, (BN): on the BN mean and variance. Searched: whether the attack search at that "
+          "pick is confirmed (blank: the pick stands at chance or no search can change the cell).\n")
     for norm, threat, here in panels:
         print(f"{norm_words(norm)}, {'root-free' if threat is None else 'trusted server data (' + threat + ')'}:\n")
-        print(f"| f \\ gamma | {' | '.join(f'{g:g}' for g in xs)} |")
-        print(f"|---|{'---|' * len(xs)}")
-        for f in ys:
-            row = [f"{pick_head(c, chance)}: " + "; ".join(f"{p['defense']} {estimate_cell(p)}, lr {p['lr']:g}"
-                                                 f"{searched.get((norm, threat, g, f, p['defense']), '')}"
-                                                 for p in c["picks"]) if (c := here.get((f, g))) else ""
-                   for g in xs]
-            print(f"| {f} | {' | '.join(row)} |")
+        print("| gamma | f | verdict | defense | worst case (%) | lr | searched |")
+        print("|---|---|---|---|---|---|---|")
+        for g in xs:
+            for f in ys:
+                c = here.get((f, g))
+                for i, p in enumerate(c["picks"] if c else ()):
+                    state = SEARCH_STATES[searched.get((norm, threat, g, f, p["defense"]), "")]
+                    print(f"| {g:g} | {f} | {pick_head(c, chance) if i == 0 else ''} | {compact_defense(p['defense'])} "
+                          f"| {estimate_cell(p)} | {p['lr']:g} | {state} |")
         print()
     cells = defense_map(runs, "gamma", "f", TUNED)  # as the figure draws them
     digest = _map_digest(cells)
@@ -634,11 +640,10 @@ def robustness_map() -> None:
              title="Fashion-MNIST, n = 10; each defense at its tuned lr")
     print(f"![which defense to use where](img/robustness_map.png) <!-- data {digest} -->\n")
     if any(state == NOT_TRIED for state in searched.values()):
-        print(f"A pick marked \"{NOT_TRIED.removeprefix(', ')}\" has its own search confirmed, but not yet tried the "
-              f"attacks confirmed against the same defense at its other points (listed below): they can still lower "
-              f"it.\n")
+        print(f"A pick searched \"{PARTLY}\" has its own search confirmed, but not yet tried the attacks confirmed "
+              f"against the same defense at its other points (listed below): they can still lower it.\n")
     if any(state == NOT_SEARCHED for state in searched.values()):
-        print(f"A pick marked \"{NOT_SEARCHED.removeprefix(', ')}\" stands on the catalogue's attacks only: its search "
+        print(f"A pick searched \"{SEARCH_STATES[NOT_SEARCHED]}\" stands on the catalogue's attacks only: its search "
               f"(listed below) can still lower it and change the cell.\n")
 
 
@@ -749,7 +754,9 @@ def curve_searches() -> None:
           f"point above chance, or searched already). Each search runs on seeds 10 and 11 at the defense's tuned lr "
           f"and then tries (`--try`) the attacks confirmed against the same defense at its other points, so that a "
           f"short search does not miss what broke it next door; its attack is confirmed on seeds 0-4, which the "
-          f"curves and the map then count.\n")
+          f"curves and the map then count. A search that ends on one of the catalogue's attacks confirms runs the "
+          f"tuned file has made already (the same runs): the point reads searched, and its worst attack stays "
+          f"a catalogue one.\n")
     if rows:
         print("| protocol | threat model | gamma | f | pick | worst case now | searched |")
         print("|---|---|---|---|---|---|---|")

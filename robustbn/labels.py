@@ -125,6 +125,15 @@ def defense_words(row: dict[str, Any]) -> str:
     return words + (f" (built for f={agg_f})" if agg_f is not None and agg_f != row.get("f") else "")
 
 
+def compact_defense(defense: str) -> str:
+    """A defense's words as a map cell (or a phone's screen) has room for: each channel in a word,
+    "nnm+trmean (grad), mean (BN)"."""
+    for long, short in ((" on the gradients", " (grad)"), (" on the mean and variance", " (BN)"),
+                        (" on the mean", " (BN mean)"), (" on the variance", " (BN var)")):
+        defense = defense.replace(long, short)
+    return defense
+
+
 @functools.cache  # a board's thousands of rows share a few pipelines
 def _pipeline_words(spec: str, params_key: Any) -> str:
     """ "bucketing+cc (center=previous, tau=10.0)": the spec, its parameters and the defaults

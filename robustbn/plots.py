@@ -24,6 +24,7 @@ from .labels import (  # noqa: E402
     NOT_SCENARIO,
     OTHER_COLORS,
     attack_words,
+    compact_defense,
     defense_words,
     group,
     hashable,
@@ -426,14 +427,6 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
     return fig
 
 
-def _compact(defense: str) -> str:
-    """A defense's words as a map cell has room for: each channel named in a word."""
-    for long, short in ((" on the gradients", " (grad)"), (" on the mean and variance", " (BN)"),
-                        (" on the mean", " (BN mean)"), (" on the variance", " (BN var)")):
-        defense = defense.replace(long, short)
-    return defense
-
-
 def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title: str | None = None,
                tuned: Iterable[str] = ()):
     """Which defense to use where (robustbn.worst.defense_map): a panel per norm protocol and
@@ -463,7 +456,7 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
             grid[i, j] = top = max(p["worst_acc"] for p in c["picks"])
             shown = c["picks"][:3]
             at = lambda p: "".join(f" {k} {p[k]}" for k in tuned)
-            words = ["\n".join(textwrap.wrap(f"{_compact(p['defense'])} {100 * p['worst_acc']:.0f}%{at(p)}", 38,
+            words = ["\n".join(textwrap.wrap(f"{compact_defense(p['defense'])} {100 * p['worst_acc']:.0f}%{at(p)}", 38,
                                              max_lines=2, placeholder=" ...")) for p in shown]
             words += [f"+{len(c['picks']) - 3} more"] * (len(c["picks"]) > 3)
             head = "\n".join(textwrap.wrap(pick_head(c, chance), 38))

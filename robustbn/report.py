@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .labels import attack_short, attack_words, hashable, is_attack, norm_order, norm_words, text
+from .labels import attack_short, attack_words, compact_defense, hashable, is_attack, norm_order, norm_words, text
 from .stats import CLIPPED_PERCENT_WORDS, DIVERGED_WORDS, MIN_PAIRS, PAIRED_WORDS, accuracy, too_few
 from .stats import chance as chance_of
 from .worst import (BEST, DEFENSE_FIELDS, SEARCHED, SEARCHED_PREFIX, TIED, WORSE, matrix_rows, setting_groups,
@@ -463,6 +463,15 @@ def recommendations_html(board: Board) -> str:
             f"</table></div>")
 
 
+def _map_pick(p: dict[str, Any], tuned: tuple[str, ...], note: str) -> str:
+    """A map cell's pick: "nnm+trmean (grad), mean (BN) 52.0 [48.4, 57.5] (5 seeds; lr 0.05)"."""
+    n = p["seeds"]
+    interval = f" [{pct(p['ci_low'])}, {pct(p['ci_high'])}]" if p["ci_low"] is not None and p["ci_high"] is not None \
+        else ""
+    return (f"{compact_defense(p['defense'])} {pct(p['worst_acc'])}{interval} ({n} seed{'s' * (n != 1)}"
+            f"{'' if interval else ', no interval'}; {', '.join(f'{k} {p[k]}' for k in tuned)}{note})")
+
+
 def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] = ("lr",),
                     sweeps: dict[str, tuple[str, Any]] | None = None, pending: str = "",
                     expected=None, notes: dict[tuple, str] | None = None) -> str:
@@ -490,14 +499,15 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
             for g in xs:
                 c = here.get((f, g))
                 picks = "" if c is None else "".join(
-                    f"<small>{e(p['defense'])} {pct(p['worst_acc'])} ({e(', '.join(f'{k} {p[k]}' for k in tuned))}"
-                    f"{e((notes or {}).get((norm, data, g, f, p['defense']), ''))})</small>" for p in c["picks"])
+                    f"<small>{e(_map_pick(p, tuned, (notes or {}).get((norm, data, g, f, p['defense']), '')))}</small>"
+                    for p in c["picks"])
                 tds.append("<td>-</td>" if c is None else f"<td><b>{e(pick_head(c, chance))}</b>{picks}</td>")
             rows.append(f'<tr><th scope="row">f = {f}</th>{"".join(tds)}</tr>')
         head = "".join(f'<th scope="col">gamma = {g:g}</th>' for g in xs)
         out.append(f'<div class="scroll"><table class="map"><caption>{e(norm_words(norm))}, {e(model)}: the '
                    f'defense to use at each point (paired over seeds), or every one tied for best, with its '
-                   f'worst case (%) and tuned {e(", ".join(tuned))}</caption><thead><tr><th scope="col">f</th>'
+                   f'worst case (%, 95% interval over seeds) and tuned {e(", ".join(tuned))}; (grad): on the '
+                   f'gradients, (BN): on the BN mean and variance</caption><thead><tr><th scope="col">f</th>'
                    f'{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
     for x, (held, value) in (sweeps or {}).items():
         along = [r for r in curves if r.get(held) == value]

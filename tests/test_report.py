@@ -415,6 +415,7 @@ def test_the_robustness_section_maps_the_picks_at_their_tuned_values(tmp_path):
     without curves, the sentence it is given."""
     import re
 
+    from robustbn.labels import compact_defense
     from robustbn.report import robustness_html
     from robustbn.worst import defense_map
     from test_worst_case import ATTACKS, DEFENSES, add
@@ -435,12 +436,16 @@ def test_the_robustness_section_maps_the_picks_at_their_tuned_values(tmp_path):
     assert len(cells) == 2
     for cell, gamma in zip(cells, (0.0, 1.0)):
         (p,) = expect[gamma]["picks"]
-        assert cell.startswith("<b>use</b>") and f"{p['defense']} {100 * p['worst_acc']:.1f} (lr {p['lr']})" in cell
+        assert cell.startswith("<b>use</b>") and (
+            f"{compact_defense(p['defense'])} {100 * p['worst_acc']:.1f} [{100 * p['ci_low']:.1f}, "
+            f"{100 * p['ci_high']:.1f}] (5 seeds; lr {p['lr']})") in cell
+        assert "(grad)" in cell and "on the gradients" not in cell  # short enough for a phone
     assert page.count('<img alt="Worst case along gamma at f = 3') == 1
     # a note after a pick's tuned values (whether its attack search is confirmed), that pick's only
     (p,) = expect[1.0]["picks"]
     noted = robustness_html(rows, ("lr",), notes={("fbn", None, 1.0, 3, p["defense"]): ", not searched yet"})
-    assert re.findall(r"\(lr [0-9.]+, not searched yet\)", noted) == [f"(lr {p['lr']}, not searched yet)"]
+    assert re.findall(r"\(5 seeds; lr [0-9.]+, not searched yet\)", noted) == \
+        [f"(5 seeds; lr {p['lr']}, not searched yet)"]
     assert robustness_html([], pending="Not run yet.") == "<p>Not run yet.</p>"
     assert robustness_html([], pending="Run `robustbn tune a<b.toml`.") == \
         "<p>Run <code>robustbn tune a&lt;b.toml</code>.</p>"
