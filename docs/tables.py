@@ -398,11 +398,12 @@ def _map_digest(cells: list[dict]) -> str:
 
 
 def robustness_table(x: str) -> None:
-    """Per protocol, a row per defense and a column per point along `x`: the worst case over
-    the attacks run (95% interval, seeds), the tuned lr, the clean accuracy; then the figure,
-    its digest in the text, so that `./dev.sh docs --check` fails where the figure is stale
-    (the PNG carries the same digest: tests/test_docs.py)."""
-    from robustbn.labels import norm_words
+    """Per protocol, a row per defense and point along `x` (narrow enough for a phone): the worst
+    case over the attacks run (95% interval, seeds), whether a confirmed search's attack is among
+    them, the tuned lr, the clean accuracy; then the figure, its digest in the text, so that
+    `./dev.sh docs --check` fails where the figure is stale (the PNG carries the same digest:
+    tests/test_docs.py)."""
+    from robustbn.labels import compact_defense, norm_words
     from robustbn.plots import plot, robustness_lines
 
     runs = curve_runs(x)
@@ -412,31 +413,30 @@ def robustness_table(x: str) -> None:
         return
     lines = robustness_lines(runs, x, TUNED)
     xs = sorted({t[x] for mine in lines.values() for pts in mine.values() for t in pts})
-    print(f"{held} = {value}. Cell: worst case over the attacks run (%) [95% CI] (seeds), \"searched\" where a "
-          f"confirmed attack search's attack is among them (elsewhere the catalogue's only: such a point can still "
-          f"fall), the lr tuned at that point, the clean accuracy; a diverged run counts at chance and is counted. "
-          f"{tuning_status()}\n")
+    print(f"{held} = {value}. A row per defense and {x}: the worst case over the attacks run (%) [95% CI] (seeds; a "
+          f"diverged run counts at chance and is counted), \"searched\" where a confirmed attack search's attack is "
+          f"among them (elsewhere the catalogue's only: such a point can still fall), the lr tuned at that point, "
+          f"the clean accuracy. (grad): on the gradients, (BN): on the BN mean and variance. {tuning_status()}\n")
     for norm, mine in lines.items():
         print(f"{norm_words(norm)}:\n")
-        print(f"| defense | {' | '.join(f'{x} = {v:g}' for v in xs)} |")
-        print(f"|---|{'---|' * len(xs)}")
+        print(f"| defense | {x} | worst case (%) | searched | lr | clean (%) |")
+        print("|---|---|---|---|---|---|")
+        data = sorted({pts[0]["server_data"] for pts in mine.values() if pts[0].get("server_data")})
         for pts in mine.values():
             at = {t[x]: t for t in pts}
-            words = pts[0]["defense"] + (f" ({pts[0]['server_data']})" if pts[0].get("server_data") else "")
-            cells = []
+            words = compact_defense(pts[0]["defense"]) + (" (trusted)" if pts[0].get("server_data") else "")
             for v in xs:
                 t = at.get(v)
                 if t is None or t["worst_acc"] is None:
-                    cells.append("-")
+                    print(f"| {words} | {v:g} | - |  |  |  |")
                     continue
                 e = Estimate(t["seeds"], t["worst_acc"], t["ci_low"], t["ci_high"], t["worst_std"])
                 dv = f", {t['worst_diverged']} diverged" if t["worst_diverged"] else ""
-                clean = "" if t["no_attack_acc"] is None else "; clean " + interval_cell(
+                clean = "-" if t["no_attack_acc"] is None else interval_cell(
                     Estimate(t["no_attack_seeds"], t["no_attack_acc"], t["no_attack_low"], t["no_attack_high"], None))
-                searched = ", searched" if t["searched"] else ""
-                cells.append(f"{interval_cell(e)}{dv}{searched}, lr {t['lr']:g}{clean}")
-            print(f"| {words} | {' | '.join(cells)} |")
-        print()
+                print(f"| {words} | {v:g} | {interval_cell(e)}{dv} | {'yes' if t['searched'] else ''} | "
+                      f"{t['lr']:g} | {clean} |")
+        print("".join(f"\n(trusted): the server's data, {d}." for d in data) + "\n")
     digest = _curve_digest(lines)
     image = ROOT / "docs" / "img" / f"robustness_{x}.png"
     if not os.environ.get("ROBUSTBN_DOCS_CHECK"):

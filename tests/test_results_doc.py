@@ -174,11 +174,11 @@ def test_the_robustness_section_tabulates_the_curves_and_its_figure_carries_thei
     tables.robustness_table("gamma")
     text = capsys.readouterr().out
     truth = {(t["defense"], t["gamma"]): t for t in worst_case(runs, ("lr",))}
-    for (defense, gamma), t in truth.items():
-        row = next(line for line in text.splitlines() if line.startswith(f"| {defense} |"))
-        cell = row.split(" | ")[1 if gamma == 0.0 else 2]
-        assert cell.startswith(f"{100 * t['worst_acc']:.1f} [") and "(5 seeds)" in cell
-        assert f"lr {t['lr']:g}; clean {100 * t['no_attack_acc']:.1f} [" in cell
+    for (defense, gamma), t in truth.items():  # a row per defense and gamma, the defense in short words
+        row = next(line for line in text.splitlines() if line.startswith(f"| {compact_defense(defense)} | {gamma:g} |"))
+        _, _, worst, searched, lr, clean = row.strip("| ").split(" | ")
+        assert worst.startswith(f"{100 * t['worst_acc']:.1f} [") and worst.endswith("(5 seeds)")
+        assert (searched, lr) == ("", f"{t['lr']:g}") and clean.startswith(f"{100 * t['no_attack_acc']:.1f} [")
     digest = re.search(r"<!-- data ([0-9a-f]{16}) -->", text).group(1)
     tables.robustness_map()  # the map: at each gamma the higher defense, paired over 5 seeds, at its lr
     best = {g: max((t for t in truth.values() if t["gamma"] == g), key=lambda t: t["worst_acc"]) for g in (0.0, 1.0)}
