@@ -335,7 +335,7 @@ tr.entry:hover{background:#f7f7ff}tr.best{font-weight:bold}td.num{text-align:rig
 tr.runs td{padding:0 8px;border:0}details table{font-size:12px;margin:0 0 8px 1em}
 table.heat td{text-align:center;min-width:5.5em}table.heat td small{display:block;color:#333;font-size:11px}
 img{max-width:100%;height:auto}code{font-size:13px;overflow-wrap:anywhere}
-.map small{display:block}.map th{white-space:nowrap}"""
+.map th{white-space:nowrap}.map td>div{font-size:13px}.map td>div+div{margin-top:4px}"""
 
 JS = """(function(){
   var table = document.getElementById('leaderboard');
@@ -491,24 +491,23 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
     xs, ys, panels = map_panels(defense_map(curves, "gamma", "f", tuned, expected))
     chance = chance_of(curves[0])
     out = []
-    for norm, data, here in panels:
+    for norm, data, here in panels:  # a row per point that ran (the sweeps are not a full grid): a phone's width
         model = ROOT_FREE if data is None else f"{TRUSTED} ({data})"
         rows = []
-        for f in ys:
-            tds = []
-            for g in xs:
-                c = here.get((f, g))
-                picks = "" if c is None else "".join(
-                    f"<small>{e(_map_pick(p, tuned, (notes or {}).get((norm, data, g, f, p['defense']), '')))}</small>"
-                    for p in c["picks"])
-                tds.append("<td>-</td>" if c is None else f"<td><b>{e(pick_head(c, chance))}</b>{picks}</td>")
-            rows.append(f'<tr><th scope="row">f = {f}</th>{"".join(tds)}</tr>')
-        head = "".join(f'<th scope="col">gamma = {g:g}</th>' for g in xs)
+        for g in xs:
+            for f in ys:
+                if (c := here.get((f, g))) is None:
+                    continue
+                picks = "".join(f"<div>{e(_map_pick(p, tuned, (notes or {}).get((norm, data, g, f, p['defense']), '')))}"
+                                f"</div>" for p in c["picks"])
+                rows.append(f'<tr><td>{g:g}</td><td>{f}</td><td><b>{e(pick_head(c, chance))}</b></td>'
+                            f'<td>{picks}</td></tr>')
         out.append(f'<div class="scroll"><table class="map"><caption>{e(norm_words(norm))}, {e(model)}: the '
                    f'defense to use at each point (paired over seeds), or every one tied for best, with its '
                    f'worst case (%, 95% interval over seeds) and tuned {e(", ".join(tuned))}; (grad): on the '
-                   f'gradients, (BN): on the BN mean and variance</caption><thead><tr><th scope="col">f</th>'
-                   f'{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
+                   f'gradients, (BN): on the BN mean and variance</caption><thead><tr><th scope="col">gamma</th>'
+                   f'<th scope="col">f</th><th scope="col">verdict</th><th scope="col">defense</th></tr></thead>'
+                   f'<tbody>{"".join(rows)}</tbody></table></div>')
     for x, (held, value) in (sweeps or {}).items():
         along = [r for r in curves if r.get(held) == value]
         if len({r.get(x) for r in along}) > 1:

@@ -431,12 +431,12 @@ def test_the_robustness_section_maps_the_picks_at_their_tuned_values(tmp_path):
     page = robustness_html(rows, ("lr",), {"gamma": ("f", 3)})
     (table,) = re.findall(r'<table class="map">.*?</table>', page)
     assert "FBN, root-free" in table
-    cells = re.findall(r"<td>(.*?)</td>", table)
+    points = re.findall(r"<tr><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td></tr>", table)
     expect = {c["gamma"]: c for c in defense_map(rows, "gamma", "f", ("lr",))}
-    assert len(cells) == 2
-    for cell, gamma in zip(cells, (0.0, 1.0)):
+    assert [(gamma, f) for gamma, f, *_ in points] == [("0", "3"), ("1", "3")]  # a row per point that ran
+    for (_, _, head, cell), gamma in zip(points, (0.0, 1.0)):
         (p,) = expect[gamma]["picks"]
-        assert cell.startswith("<b>use</b>") and (
+        assert head == "<b>use</b>" and (
             f"{compact_defense(p['defense'])} {100 * p['worst_acc']:.1f} [{100 * p['ci_low']:.1f}, "
             f"{100 * p['ci_high']:.1f}] (5 seeds; lr {p['lr']})") in cell
         assert "(grad)" in cell and "on the gradients" not in cell  # short enough for a phone
