@@ -456,8 +456,11 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
             grid[i, j] = top = max(p["worst_acc"] for p in c["picks"])
             shown = c["picks"][:3]
             at = lambda p: "".join(f" {k} {p[k]}" for k in tuned)
-            words = ["\n".join(textwrap.wrap(f"{compact_defense(p['defense'])} {100 * p['worst_acc']:.0f}%{at(p)}", 38,
-                                             max_lines=2, placeholder=" ...")) for p in shown]
+            band = lambda p: "" if p["ci_low"] is None or p["ci_high"] is None else \
+                f" [{100 * p['ci_low']:.0f}, {100 * p['ci_high']:.0f}]"
+            words = ["\n".join(textwrap.wrap(
+                f"{compact_defense(p['defense'])} {100 * p['worst_acc']:.0f}%{band(p)}{at(p)}", 38, max_lines=3,
+                placeholder=" ...")) for p in shown]
             words += [f"+{len(c['picks']) - 3} more"] * (len(c["picks"]) > 3)
             head = "\n".join(textwrap.wrap(pick_head(c, chance), 38))
             ax.text(j, i, "\n".join([head, *words]), ha="center", va="center", fontsize=7,
@@ -471,8 +474,11 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
         ax.set_title(f"{norm_words(norm)}, {'trusted server data' if trusted else 'root-free'}"
                      + ("" if here else ": no defense run"), fontsize=9)
     fig.colorbar(im, ax=list(axes.flat), label="the best worst-case accuracy")
+    seeds = sorted({p["seeds"] for c in cells for p in c["picks"]})
+    on = f"{seeds[0]} seeds" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]} seeds (robustbn results --worst-case)"
     caption = textwrap.fill("per cell: the best defense (use), or every one tied for best, paired over seeds; "
-                            "worst-case accuracy (%) over the attacks run", width=int(15 * fig.get_size_inches()[0]))
+                            f"worst-case accuracy (%) over the attacks run [95% interval], on {on}",
+                            width=int(15 * fig.get_size_inches()[0]))
     fig.suptitle(f"{title}\n{caption}" if title else caption, fontsize=9)
     return fig
 

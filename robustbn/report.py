@@ -37,7 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .labels import attack_short, attack_words, compact_defense, hashable, is_attack, norm_order, norm_words, text
+from .channels import NOT_ATTACKS
+from .labels import (CHANNEL_WORDS, attack_short, attack_words, channels, compact_defense, hashable, is_attack,
+                     norm_order, norm_words, text)
 from .stats import CLIPPED_PERCENT_WORDS, DIVERGED_WORDS, MIN_PAIRS, PAIRED_WORDS, accuracy, too_few
 from .stats import chance as chance_of
 from .worst import (BEST, DEFENSE_FIELDS, SEARCHED, SEARCHED_PREFIX, TIED, WORSE, matrix_rows, setting_groups,
@@ -187,6 +189,10 @@ def leaderboard(rows: list[dict[str, Any]], gamma: float = 0.0) -> Board:
              for norm in norms for at in settings if any(r["norm"] == norm and r["setting"] == at for r in out)
              for model in (ROOT_FREE, TRUSTED)]
     setup = {k: sorted({hashable(r.get(k)) for r in rows if r.get("f")}, key=str) for k in SETUP_FIELDS}
+    # the messages the runs' attacks forged, and whether any defense used server data: the page says no more
+    setup["attacked"] = [c for c in CHANNEL_WORDS if any(
+        chans.get(c, ("none",))[0] not in NOT_ATTACKS for r in rows if r.get("f") for chans in [channels(r)])]
+    setup["server_data"] = sorted({r["server_data"] for r in out if r.get("server_data")})
     return Board(out, picks, [(p, reason) for p, reason in ABSENT.items() if p not in norms], gamma, setup)
 
 
@@ -441,14 +447,26 @@ def setup_html(board: Board) -> str:
         ("Clients", f"n = {v('n')}, of which f = {v('f')} are Byzantine; partition {v('partition')}, gamma = {gamma}: "
                     f"{spread}"),
         ("What attackers control", "the Byzantine clients are omniscient (they see every honest message of the round) "
-                                   "and send what the attack forges on each message channel: the gradients (worker "
-                                   "momentum), the BN running means and the BN running variances; each channel is "
-                                   "aggregated by its own rule. GroupNorm sends gradients only."),
-        ("Trusted server data", "a defense marked with a root set (FLTrust) also uses clean training examples the "
-                                "server holds, drawn uniformly (about class-balanced), while each honest client holds "
-                                "about one class: a stronger assumption, ranked apart from the root-free defenses."),
+                                   "and send what the attack forges on the messages these runs attack: "
+                                   f"{_attacked_words(board.setup.get('attacked', []))}; each message channel (the "
+                                   "gradients, the BN running means, the BN running variances) is aggregated by its "
+                                   "own rule, and a channel an attack leaves alone carries honest values. GroupNorm "
+                                   "sends gradients only."),
     ]
+    if board.setup.get("server_data"):
+        data = "; ".join(board.setup["server_data"])
+        items.append(("Trusted server data", f"a defense marked with its server data ({data}) also uses clean "
+                                             f"training examples the server holds, while {spread}: a stronger "
+                                             "assumption, ranked apart from the root-free defenses."))
     return '<dl class="box">' + "".join(f"<dt>{e(k)}</dt><dd>{e(t)}</dd>" for k, t in items) + "</dl>"
+
+
+def _attacked_words(attacked: list[str]) -> str:
+    """ "the gradients (worker momentum) and the BN running means", or "none" (no attacked run)."""
+    words = {"grad": "the gradients (worker momentum)", "bn_mean": "the BN running means",
+             "bn_var": "the BN running variances"}
+    named = [words[c] for c in attacked]
+    return ", ".join(named[:-1]) + f" and {named[-1]}" if len(named) > 1 else named[0] if named else "none"
 
 
 def recommendations_html(board: Board) -> str:

@@ -83,6 +83,7 @@ from .labels import (
     norm_order,
     setting_defense_words,
     sort_key,
+    text,
     varying,
 )
 from .stats import (ACCURACY, Estimate, accuracy, by_seed, code_versions, distinct, interval, no_verdict, paired,
@@ -327,6 +328,7 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tune
         if t["worst_acc"] is not None:
             cells[(t["norm"], t.get("server_data"), hashable(t[x]), hashable(t[y]),
                    *(hashable(t.get(k)) for k in others))].append(t)
+    _one_setting_a_cell(cells, others, x, y)
     out = []
     for (norm, data, xv, yv, *_), ts in cells.items():
         best = [t for t in ts if t["verdict"] == BEST]
@@ -344,6 +346,23 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tune
                               for t in picks]})
     out.sort(key=lambda c: (norm_order(c["norm"]), c["threat"] is not None, sort_key(c[y]), sort_key(c[x])))
     return out
+
+
+def _one_setting_a_cell(cells: dict[tuple, list[dict[str, Any]]], others: list[str], x: str, y: str) -> None:
+    """A map cell holds one setting: where runs at the same point differ in another field (a
+    tuning's eval_every, a second lr, ...), a ValueError names the fields and their values."""
+    at: dict[tuple, list[tuple]] = defaultdict(list)
+    for norm, data, xv, yv, *rest in cells:
+        at[(norm, data, xv, yv)].append(tuple(rest))
+    for (norm, _, xv, yv), settings in at.items():
+        if len(settings) > 1:
+            differ = {k: sorted({s[i] for s in settings}, key=sort_key) for i, k in enumerate(others)
+                      if len({s[i] for s in settings}) > 1}
+            fields = "; ".join(f"{k} ({', '.join(text(v) for v in vs)})" for k, vs in differ.items())
+            raise ValueError(f"the runs at {x} = {text(xv)}, {y} = {text(yv)} ({norm}) differ in {fields}: a map cell "
+                             f"holds one setting; keep one with --where (e.g. --where {next(iter(differ))}="
+                             f"{text(next(iter(differ.values()))[-1])}) or --matrix your files (a tuning's own runs "
+                             f"are left out then)")
 
 
 def map_panels(cells: list[dict[str, Any]], x: str = "gamma", y: str = "f"

@@ -495,3 +495,31 @@ def test_a_board_of_several_f_names_each_row_s_f_and_picks_within_each(tmp_path)
     assert root_free["f=1"].startswith("with FBN at f=1, root-free: use mean (")
     assert root_free["f=2"].startswith(f"with FBN at f=2, root-free: use {trmean} (")
     assert "None" not in " ".join(board.lines)
+
+
+def test_the_setup_names_only_the_messages_the_runs_attack_and_the_server_data_they_use(tmp_path):
+    """The page's setup box is written from the rows: a board whose attacks touch the gradients
+    only says so (not the BN statistics), and says nothing of trusted server data where no
+    defense used any; a board with BN attacks and an FLTrust row names both."""
+    from robustbn.report import leaderboard, setup_html
+    from test_worst_case import ATTACKS, DEFENSES, add
+
+    def box(*attacks, trusted=False):
+        store = Store(tmp_path / f"{'_'.join(attacks)}_{trusted}.sqlite")
+        for seed in range(2):
+            for defense in DEFENSES:
+                for attack in attacks:
+                    add(store, 0.3 + 0.1 * seed, norm="fbn", f=3, seed=seed, **DEFENSES[defense], **ATTACKS[attack])
+            if trusted:
+                add(store, 0.5 + 0.1 * seed, norm="fbn", f=3, seed=seed, grad_agg="fltrust", root_size=50,
+                    grad_attack="alie")
+        rows = store.rows()
+        store.close()
+        return setup_html(leaderboard(rows))
+
+    grad_only = box("alie-grad")
+    assert "the messages these runs attack: the gradients (worker momentum);" in grad_only
+    assert "Trusted server data" not in grad_only
+    both = box("alie-grad", "sf-mean", trusted=True)
+    assert "attack: the gradients (worker momentum) and the BN running means;" in both
+    assert "Trusted server data" in both and "root set of 50" in both

@@ -568,9 +568,21 @@ def test_the_map_names_the_best_or_the_tied_set_per_cell_by_the_paired_rule(tmp_
     fbn = next(a for a in fig.axes if a.get_title() == "FBN, root-free")
     texts = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in fbn.texts}
     # f = 3 (row 1), gamma 0 (column 0): the defense, each channel in a word, its worst case in %
-    top = 100 * cells[("fbn", 3, 0.0)]["picks"][0]["worst_acc"]
-    assert texts[(1, 0)] == f"use\nmean (grad), nnm+median (BN) {top:.0f}%"
+    p = cells[("fbn", 3, 0.0)]["picks"][0]
+    band = f"[{100 * p['ci_low']:.0f}, {100 * p['ci_high']:.0f}]"
+    assert texts[(1, 0)].replace("\n", " ") == f"use mean (grad), nnm+median (BN) {100 * p['worst_acc']:.0f}% {band}"
     assert texts[(1, 1)].startswith("2 tied\n") and texts[(0, 1)].startswith("2 seeds, no verdict\n")
+    assert "[95% interval], on 1-5 seeds" in fig.get_suptitle().replace("\n", " ")
+    # a second setting at one point (another eval_every): the map names the field, it does not overlay them
+    store = Store(tmp_path / "m.sqlite")
+    add(store, 0.4, norm="fbn", f=3, gamma=0.0, seed=0, eval_every=6, **ATTACKS["sf-mean"])
+    mixed = store.rows()
+    store.close()
+    with pytest.raises(ValueError, match=r"gamma = 0\.0, f = 3 \(fbn\) differ in eval_every \(3, 6\)"):
+        defense_map(mixed, "gamma", "f")
+    capsys.readouterr()
+    assert main(["plot", "map", "--db", str(tmp_path / "m.sqlite"), "--out", str(tmp_path / "mixed.png")]) == 2
+    assert "differ in eval_every (3, 6): a map cell holds one setting; keep one with --where" in capsys.readouterr().err
     capsys.readouterr()
     assert main(["plot", "map", "--x", "f", "--y", "f", "--db", str(tmp_path / "m.sqlite"),
                  "--out", str(tmp_path / "m.png")]) == 2
