@@ -76,7 +76,8 @@ def _load(reference: str, base, what: str):
     module_name, attr = module_name.strip(), attr.strip()
     if not module_name or not attr or ":" in attr:
         raise ValueError(f"{what} {reference!r}: a reference to your own class is written 'module:Name'")
-    where = f"beside the scenario file ({', '.join(_SEARCH)}) or on sys.path" if _SEARCH else "on sys.path"
+    # the directories added: a scenario file's, or the working directory where there is none
+    where = f"in {', '.join(_SEARCH)} or on sys.path" if _SEARCH else "on sys.path"
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:

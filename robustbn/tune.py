@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .channels import expand_channels
-from .labels import hashable, is_attack, setting_defense_words
+from .labels import hashable, is_attack, setting_defense_words, text
 from .matrix import FIELDS, MatrixError, alternatives, canonical, expand, read
 from .stats import by_seed, scenario_fields
 from .worst import ATTACK_FIELDS, ATTACK_KEYS, DEFENSE_FIELDS, RESULT, worst_case
@@ -58,7 +58,9 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
             raise TuneError(f"--grid {key}: picks the defense itself, not a setting of it; list the choices in the "
                             f"matrix (each is tuned on its own) and grid their parameters ({key}_params)")
         if not isinstance(values, list) or len(values) < 2:
-            raise TuneError(f"--grid {key}: give a list of at least 2 values, e.g. --grid {key}=[0.01,0.05,0.1]")
+            example = f"{key}=[{{tau=1.0}},{{tau=10.0}}]" if key.endswith("_params") else f"{key}=[0.01,0.05,0.1]"
+            got = "one value" if isinstance(values, list) else f"{text(values)!r} is not a list"
+            raise TuneError(f"--grid {key}: {got}; give a list of at least 2 values (TOML), e.g. --grid {example}")
         if len({repr(hashable(v)) for v in values}) < len(values):
             raise TuneError(f"--grid {key}: a value is listed twice")
     keys = list(grid)

@@ -325,7 +325,7 @@ def test_files_tune_writes_elsewhere_find_the_users_modules_from_any_directory(u
 
 
 @pytest.mark.parametrize("key, value, says", [
-    ("grad_agg", "nnm+nosuchmodule:Rule", "no module 'nosuchmodule' beside the scenario file"),
+    ("grad_agg", "nnm+nosuchmodule:Rule", "no module 'nosuchmodule' in "),
     ("grad_agg", "nnm+{rules}:Missing", "has no 'Missing'"),
     ("grad_agg", "nnm+{rules}:NotARule", "NotARule is not a subclass of aggregators.base.Rule"),
     ("grad_agg", "{rules}:MyTrimmedMean+median", "an aggregator: only the last step may be one"),

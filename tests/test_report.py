@@ -382,6 +382,7 @@ def test_report_from_the_store_alone_is_the_board_of_its_files(setup, tmp_path, 
     ([], "nothing to do: give --out DIR"),
     (["--format", "json", "--matrix", "missing.toml"], "--matrix missing.toml: no such scenario file"),
     (["--format", "json", "--gamma", "0.5"], "no finished attacked runs"),
+    (["--format", "json", "--gamma", "0.5"], "(it has gamma 0: --gamma G)"),
     (["--format", "json", "--gamma", "nan"], "--gamma nan: a finite number"),
 ])
 def test_report_command_bad_input_is_one_line(setup, args, message, capsys):

@@ -91,7 +91,9 @@ def test_tune_takes_the_max_over_the_grid_of_the_worst_case_over_attacks(matrix,
 @pytest.mark.parametrize("args, words", [
     ([], ["give --grid"]),
     (["--grid", "seed=[1,2]"], ["--grid seed", "not a field to tune"]),
-    (["--grid", "lr=0.1"], ["--grid lr", "at least 2 values"]),
+    (["--grid", "lr=0.1"], ["--grid lr: '0.1' is not a list", "at least 2 values", "e.g. --grid lr=[0.01,0.05,0.1]"]),
+    (["--grid", "grad_agg_params=[{tau=2.0}]"], ["--grid grad_agg_params: one value;",
+                                                "e.g. --grid grad_agg_params=[{tau=1.0},{tau=10.0}]"]),
     (["--grid", "grad_agg=[mean,median]"], ["--grid grad_agg", "picks the defense itself"]),
     (["--grid", "client_filter=[none,bnguard]"], ["--grid client_filter", "grid their parameters"]),
     (["--grid", "lr=[0.1,0.2]", "--set", "lr=[0.1,0.2]"], ["--grid lr", "already varies it"]),
@@ -508,6 +510,8 @@ def test_tuning_runs_and_search_trials_stay_out_of_what_the_tuned_and_confirmed_
     ({}, "lr=[-0.1,0.1]", ["--grid lr=-0.1: ", "m.toml: key 'lr': must be a number in (0, inf)"],
      "one defense at a time"),
     ({}, "momentum=[0.0,1.5]", ["--grid momentum=1.5: ", "m.toml: key 'momentum'"], "tune_m.toml"),
+    # a bad name past the first scenario: still MATRIX's, before the tuning file is written
+    ({"grad_agg": ["mean", "nnm+medain"]}, "lr=[0.1,0.2]", ["m.toml", "nnm+medain"], "tune_m.toml"),
 ])
 def test_a_bad_matrix_or_grid_value_names_the_user_s_file_and_writes_nothing(tmp_path, capsys, matrix_values, grid,
                                                                                words, absent):

@@ -69,7 +69,9 @@ def cmd_report(args) -> int:
     board = leaderboard(rows, args.gamma)
     if not board.rows:
         of = f" of {', '.join(args.matrix)}" if args.matrix else ""
-        raise UsageError(f"no finished attacked runs{of} at gamma = {args.gamma} in {args.db}")
+        gammas = sorted({r["gamma"] for r in rows if r.get("f") and r.get("gamma") is not None})
+        there = f" (it has gamma {', '.join(f'{g:g}' for g in gammas)}: --gamma G)" if gammas else ""
+        raise UsageError(f"no finished attacked runs{of} at gamma = {args.gamma} in {args.db}{there}")
     if args.out is not None:
         print(write_page(rows, args.out, args.gamma))
     if args.format == "json":

@@ -108,11 +108,11 @@ def _finished(store, alias: dict[str, str]) -> dict[str, dict]:
 
 
 def _check_quickly(values: dict, points: list[dict], matrix: str) -> None:
-    """MATRIX's keys and values, and each grid point's, checked on a first scenario before
-    anything is written: errors name MATRIX (the tuning file checks every scenario later)."""
-    from ..matrix import MatrixError, first_scenario
+    """MATRIX's every scenario, and each grid point's keys and values on a first scenario, checked
+    before anything is written: errors name MATRIX, not the tuning file made from it."""
+    from ..matrix import MatrixError, expand, first_scenario
 
-    first_scenario(values, matrix)
+    expand(values, matrix)
     for point in points:
         try:
             first_scenario({**values, **point}, matrix)
