@@ -73,6 +73,8 @@ def test_tune_takes_the_max_over_the_grid_of_the_worst_case_over_attacks(matrix,
     assert main(argv) == 0
     again = capsys.readouterr()
     assert json.loads(again.out) == got
+    assert main(argv[:-2]) == 0  # the table: no choice here is at chance
+    assert "(at chance)" not in capsys.readouterr().out
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == len(runs)
 
@@ -86,6 +88,23 @@ def test_tune_takes_the_max_over_the_grid_of_the_worst_case_over_attacks(matrix,
     assert main([*argv, "--full"]) == 0
     full = json.loads(capsys.readouterr().out)
     assert [(d["defense"], d["chosen"]) for d in full["defenses"]] == [(d["defense"], d["chosen"]) for d in got["defenses"]]
+
+
+def test_the_table_marks_a_choice_among_broken_points(tmp_path, capsys):
+    """Where every grid point of a defense stands within AT_CHANCE of chance under some attack,
+    the rule still picks one (the highest, ties the first), and the table says it is at chance."""
+    path = tmp_path / "broken.toml"
+    path.write_text(toml_text({**MATRIX, "grad_agg": "mean", "grad_attack": "scale",
+                               "grad_attack_params": {"factor": -1e4}}))
+    assert main(["tune", str(path), "--grid", "lr=[0.05,0.1]", "--db", str(tmp_path / "t.sqlite"), "--quiet",
+                 "--format", "json"]) == 0
+    (d,) = json.loads(capsys.readouterr().out)["defenses"]
+    assert all(s["worst_acc"] <= 0.1 + 0.01 for s in d["scores"]), d["scores"]  # the setting breaks the mean
+    assert main(["tune", str(path), "--grid", "lr=[0.05,0.1]", "--db", str(tmp_path / "t.sqlite"), "--quiet"]) == 0
+    table = capsys.readouterr().out
+    (row,) = [line for line in table.splitlines() if line.startswith("fbn")]
+    assert row.endswith("lr=0.05 (at chance)")
+    assert "1 choice (at chance): every grid point within 1 point of chance" in table
 
 
 @pytest.mark.parametrize("args, words", [

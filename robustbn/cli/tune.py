@@ -282,17 +282,28 @@ def cmd_tune(args) -> int:
                                           {k: v for k, v in c.items() if k != "setting"} for c in choices]}),
                          indent=1, allow_nan=False))
     else:
+        from ..stats import chance as chance_of
+        from ..worst import AT_CHANCE
+
         words = lambda p: ", ".join(f"{k}={v}" for k, v in p.items())
-        table = []
+        table, at_chance = [], 0
         for c in choices:
             row = {"norm": c["norm"], "defense": c["defense"], **c["at"]}
             for s in c["scores"]:
                 row[words(s["point"])] = _score_text(s)
             row["chosen"] = words(c["chosen"]) if c["complete"] else "incomplete"
+            # a choice among broken points is the rule's, not a working lr
+            if c["complete"] and c["chosen_acc"] is not None and c["chosen_acc"] <= chance_of(c["setting"]) + AT_CHANCE:
+                row["chosen"] += " (at chance)"
+                at_chance += 1
             table.append(row)
         print(text_table(table, ["norm", "defense", *setting_fields(values), *(words(p) for p in points), "chosen"]))
         print(f"\nworst case over the attacks (%), mean over the tuning seeds {', '.join(map(str, seeds))}; "
               f"chosen: the max over the grid")
+        if at_chance:
+            print(f"{at_chance} choice{'s' * (at_chance != 1)} (at chance): every grid point within "
+                  f"{100 * AT_CHANCE:g} point of chance under some attack; the rule still picks the highest, but no "
+                  f"point of the grid makes that defense work")
         if written:
             print(f"tuned files ({len(written)}): {out}/tuned_*.toml; run them with robustbn run")
     return 1 if summary.failed else 0
