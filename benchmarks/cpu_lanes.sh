@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Issue 40's robustness curves on a CPU machine: two background lanes (a process each, one core
+# each) that run what is left, and rerun it as it changes: the curve searches that the live store
+# lists as left (docs/tables.curve_search_rows, half each), then lane 1 the tuning (an hour at a
+# time) and lane 2 the tuned files' reporting runs then 30 minutes of the tuning. Every run lands
+# in the store, so any stop loses at most the runs in flight (checkpointed, resumed).
+#   bash benchmarks/cpu_lanes.sh start    results/board.sqlite rebuilt from docs/results.csv where
+#                                         there is none (robustbn import), then the two lanes
+#   bash benchmarks/cpu_lanes.sh freeze   pause both lanes (SIGSTOP): timings and CI on an idle machine
+#   bash benchmarks/cpu_lanes.sh thaw     resume them
+#   bash benchmarks/cpu_lanes.sh stop     end them after the command each is running (kill: now)
+#   bash benchmarks/cpu_lanes.sh status   what each lane runs, and the store's runs by status
+#   bash benchmarks/cpu_lanes.sh commands N   what lane N would run now
+# The lanes run a snapshot of the code ($Q/src, taken at start): edits and pulls here do not reach a
+# process halfway through its imports. Logs in $Q (default /tmp/lanes).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+Q=${Q:-/tmp/lanes}
+DB=results/board.sqlite
+PY=$root/.venv/bin/python
+mkdir -p "$Q"
+
+lane_commands() {  # lane N's commands, a line each, from the live store
+  ROBUSTBN_DOCS_RUNS=$root/$DB OMP_NUM_THREADS=1 "$PY" - "$1" <<'PY'
+import sys
+sys.path.insert(0, "docs")
+import tables
+
+lane = int(sys.argv[1])
+tune = ("robustbn tune scenarios/robustness_fmnist.toml --grid 'lr=[0.01,0.05,0.1]' --db results/board.sqlite "
+        "--out scenarios/tuned/robustness_fmnist --first 'norm=[fbn,naive]' --quiet")
+for line in tables.curve_search_rows()[1][lane - 1::2]:
+    print(line)
+if lane == 2:
+    print("robustbn run scenarios/tuned/robustness_fmnist/tuned_*.toml --db results/board.sqlite --quiet --yes")
+print(f"timeout -s TERM {3600 if lane == 1 else 1800} {tune}")
+PY
+}
+
+lane() {
+  local n=$1
+  while [ ! -e "$Q/stop" ]; do
+    lane_commands "$n" >"$Q/cmd$n" 2>>"$Q/lane$n.err" || { sleep 60; continue; }
+    while IFS= read -r line <&3; do
+      [ -e "$Q/stop" ] && break
+      echo "$(date -u +%FT%TZ) START $line" >>"$Q/lane$n.log"
+      # `robustbn` (and `timeout ... robustbn`) as the snapshot's; the working tree stays the cwd
+      bash -c "${line//robustbn /env PYTHONSAFEPATH=1 PYTHONPATH=$Q/src OMP_NUM_THREADS=1 $PY -m robustbn.cli }" \
+        >>"$Q/lane$n.out" 2>&1
+      echo "$(date -u +%FT%TZ) END rc=$?" >>"$Q/lane$n.log"
+    done 3<"$Q/cmd$n"
+    sleep 30
+  done
+}
+
+case ${1:-status} in
+  start)
+    [ -s "$DB" ] || { mkdir -p results && "$PY" -m robustbn.cli import docs/results.csv --db "$DB"; } || exit 1
+    rm -rf "$Q/src" "$Q/stop" && git clone -q "$root" "$Q/src" || exit 1
+    for n in 1 2; do
+      setsid bash "$0" lane "$n" >/dev/null 2>&1 &
+      echo $! >"$Q/lane$n.pid"
+    done
+    echo "cpu_lanes: two lanes started (code at $(git -C "$Q/src" log --oneline -1)); logs in $Q" ;;
+  lane) lane "$2" ;;
+  commands) lane_commands "${2:-1}" ;;
+  freeze|thaw)
+    for n in 1 2; do
+      [ -s "$Q/lane$n.pid" ] && kill -"$([ "$1" = freeze ] && echo STOP || echo CONT)" -- -"$(cat "$Q/lane$n.pid")" 2>/dev/null \
+        && echo "lane $n: $1"
+    done ;;
+  stop) touch "$Q/stop"; echo "cpu_lanes: each lane ends after its current command" ;;
+  status)
+    for n in 1 2; do echo "lane $n: $(tail -n 1 "$Q/lane$n.log" 2>/dev/null | cut -c1-160)"; done
+    "$PY" -c "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); print(dict(c.execute(
+        'SELECT status, COUNT(*) FROM runs GROUP BY status')))" "$DB" ;;
+  *) echo "usage: bash benchmarks/cpu_lanes.sh start|freeze|thaw|stop|status|commands N" >&2; exit 2 ;;
+esac
