@@ -35,9 +35,14 @@ def db(tmp_path, scenario, capsys) -> Path:
 @pytest.mark.parametrize("argv", [["results"], ["results", "--worst-case"], ["plot", "curves", "--out", "{tmp}/p.png"]])
 def test_where_on_an_unknown_key_is_refused(db, tmp_path, capsys, argv):
     argv = [a.format(tmp=tmp_path) for a in argv]
-    one_line_error(capsys, main([*argv, "--db", str(db), "--where", "nrom=fbn"]), "--where nrom", "not a scenario field",
-                   "allowed:", "norm")
+    one_line_error(capsys, main([*argv, "--db", str(db), "--where", "nrom=fbn"]), "--where nrom",
+                   "not a scenario field (did you mean 'norm'?); allowed:")
     assert not (tmp_path / "p.png").exists()
+
+
+def test_tuned_on_an_unknown_field_names_the_closest(db, capsys):
+    one_line_error(capsys, main(["results", "--worst-case", "--tuned", "lrr", "--db", str(db)]),
+                   "--tuned lrr: a scenario field the defenses were tuned on (did you mean 'lr'?)")
 
 
 @pytest.mark.parametrize("text, words", [("norm", ["--where 'norm'", "expected key=value"]),

@@ -61,6 +61,14 @@ WHERE_HELP = ("keep the runs whose scenario field KEY equals VALUE; a list is an
               "(--where 'n=[4,5]', --where 'norm=[fbn,naive]'); repeatable, every filter must hold")
 
 
+def did_you_mean(word: str, allowed) -> str:
+    """ " (did you mean 'gamma'?)" for the closest allowed word, "" for none close."""
+    import difflib
+
+    near = difflib.get_close_matches(word, list(allowed), n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
 def parse_where(pairs: list[str], flag: str = "--where") -> list[tuple[str, list]]:
     """`--where key=value` filters as (key, the values accepted), a list being any of its values:
     scenario fields only (an unknown key, a typo, would match nothing and read as "no runs")."""
@@ -69,7 +77,8 @@ def parse_where(pairs: list[str], flag: str = "--where") -> list[tuple[str, list
     where = [(key, alternatives(key, value)) for key, value in (parse_override(p, flag, "norm=fbn") for p in pairs)]
     for key, values in where:
         if key not in FIELDS:
-            raise UsageError(f"{flag} {key}: not a scenario field; allowed: {', '.join(sorted(FIELDS))}")
+            raise UsageError(f"{flag} {key}: not a scenario field{did_you_mean(key, FIELDS)}; allowed: "
+                             f"{', '.join(sorted(FIELDS))}")
         if not values:
             raise UsageError(f"{flag} {key}=[]: an empty list matches no run; give at least one value")
     return where
@@ -151,4 +160,6 @@ def check_tuned(fields: list[str], allowed: bool, where: str) -> None:
         raise UsageError(f"--tuned is for {where}")
     for field in fields:
         if field not in FIELDS or field in ("norm", "seed") or field.endswith(("_attack", "_attack_params")):
-            raise UsageError(f"--tuned {field}: a scenario field the defenses were tuned on, e.g. --tuned lr")
+            tunable = [k for k in FIELDS if k not in ("norm", "seed") and not k.endswith(("_attack", "_attack_params"))]
+            raise UsageError(f"--tuned {field}: a scenario field the defenses were tuned on"
+                             f"{did_you_mean(field, tunable)}, e.g. --tuned lr or --tuned momentum")
