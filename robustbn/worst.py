@@ -286,15 +286,17 @@ def _verdicts(table: list[dict[str, Any]], per_seed: dict[int, dict | None], tun
             next(v for v in rest if v != WORSE)
 
 
-def shown_columns(table: list[dict[str, Any]]) -> list[str]:
-    """The columns of the printed table: norm, defense, f, every other setting field that
-    varies (a field the defense words say only where the words do not tell settings apart),
-    then the results (the raw attack fields and worst_short left to csv / json)."""
+def shown_columns(table: list[dict[str, Any]], tuned: Iterable[str] = ()) -> list[str]:
+    """The columns of the printed table: norm, defense, f, the `tuned` fields (each defense's
+    own value, shown even where they agree), every other setting field that varies (a field the
+    defense words say only where the words do not tell settings apart), then the results (the
+    raw attack fields and worst_short left to csv / json)."""
     if not table:
         return ["norm", "defense", "f", "worst_acc", "ci_low", "ci_high", "seeds", "verdict", "worst_attack",
                 "attacks", "no_attack_acc"]
-    fields = [k for k in varying(table, set(RESULT) | {"norm", "defense", "f"})]
-    columns = ["norm", "defense", "f"] + [k for k in fields if k not in DEFENSE_FIELDS and k != "server_data"]
+    tuned = [k for k in tuned if any(k in t for t in table)]
+    fields = [k for k in varying(table, set(RESULT) | {"norm", "defense", "f", *tuned})]
+    columns = ["norm", "defense", "f", *tuned] + [k for k in fields if k not in DEFENSE_FIELDS and k != "server_data"]
     if len({tuple(hashable(t.get(k)) for k in columns) for t in table}) < len(table):
         columns += [k for k in fields if k in DEFENSE_FIELDS]
     sourced = ["worst_kind", "worst_source"] if any(t.get("worst_source") for t in table) else []

@@ -241,7 +241,9 @@ def test_trials_appear_in_results_worst_case(tmp_path, capsys):
     db = tmp_path / "s.sqlite"
     out = search(capsys, write(tmp_path, BASE + SPACE.format(seed=0)), db)
     assert main(["results", "--db", str(db), "--worst-case", "--format", "json"]) == 0
-    (setting,) = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    (setting,) = json.loads(captured.out)
+    assert "are an attack search's trials (seeds no report uses)" in captured.err
     with Store(db, readonly=True) as store:
         attacked = {r["hash"] for r in store.rows(status=FINISHED) if r["grad_attack"] != "none"}
     assert setting["worst_acc"] == out["worst"]["final_acc"] and setting["attacks"] == len(attacked) >= 1

@@ -476,7 +476,7 @@ def test_tuning_runs_and_search_trials_stay_out_of_what_the_tuned_and_confirmed_
     """A tuned file's cell at its lr is its tuning's cell on other seeds (here eval_every = rounds,
     as a tuning sets it), and a confirmation's cell its search trial's: --matrix FILE reads the
     file's seeds 0-4, not the tuning's 10 and 11 nor the trial's, which chose what they report;
-    the report leaves them out; the store's own views keep them and say so."""
+    the report leaves both out; the store's own views leave the tuning's out and say so."""
     db = str(tmp_path / "t.sqlite")
     matrix = tmp_path / "m.toml"
     matrix.write_text(toml_text({**MATRIX, "grad_agg": "median", "grad_attack": "alie", "eval_every": 8}))
@@ -505,8 +505,12 @@ def test_tuning_runs_and_search_trials_stay_out_of_what_the_tuned_and_confirmed_
         rows, _ = worst(*[a for f in files for a in ("--matrix", str(f))])
         assert rows and all(r["seeds"] == 5 for r in rows.values())
     assert worst("--matrix", str(out / "tuned_*.toml"), "--matrix", str(out / "searched_*.toml"))[0] == rows
+    # the store's view: the tuning's runs (seeds 10, 11, another eval_every) out; the search's trial (seed 20) in
     rows, err = worst()
-    assert "are an attack search's trials or a tuning's runs" in err
+    assert "runs of a tuning left out (seeds no report uses; a pruned point's worst case is a bound)" in err
+    assert "are an attack search's trials" in err
+    (row,) = rows.values()
+    assert row["seeds"] == 6  # seeds 0-4 and the trial's 20; with the tuning's 10 and 11 it would be 8
     assert main(["report", "--db", db, "--format", "json", "--gamma", "1"]) == 0
     (row,) = json.loads(capsys.readouterr().out)  # the tuned file's attack and the confirmed one, on seeds 0-4
     assert row["seeds"] == 5 and row["attacks_run"] == 2
@@ -521,7 +525,7 @@ def test_tuning_runs_and_search_trials_stay_out_of_what_the_tuned_and_confirmed_
     assert main(["import", str(tmp_path / "all.csv"), "--db", db]) == 0
     capsys.readouterr()
     assert worst("--matrix", str(tuned), "--matrix", str(confirm))[0] == both
-    assert "are an attack search's trials or a tuning's runs" in worst()[1]
+    assert "runs of a tuning left out" in worst()[1]
 
 
 @pytest.mark.parametrize("matrix_values, grid, words, absent", [

@@ -589,6 +589,19 @@ def test_the_map_names_the_best_or_the_tied_set_per_cell_by_the_paired_rule(tmp_
     assert "two different fields" in capsys.readouterr().err
 
 
+def test_the_table_shows_a_tuned_field_even_where_every_defense_chose_the_same(tmp_path, capsys):
+    store = Store(tmp_path / "t.sqlite")
+    for seed in range(2):
+        for d, defense in enumerate(DEFENSES):
+            add(store, 0.3 + 0.2 * d + 0.01 * seed, norm="fbn", f=3, lr=0.05, seed=seed, **DEFENSES[defense],
+                **ATTACKS["sf-mean"])
+    store.close()
+    for tuned, shown in (([], False), (["--tuned", "lr"], True)):
+        assert main(["results", "--worst-case", "--db", str(tmp_path / "t.sqlite"), *tuned]) == 0
+        header = capsys.readouterr().out.splitlines()[0].split()
+        assert ("lr" in header) == shown
+
+
 def test_tuned_fields_belong_to_the_defense_in_verdicts_curves_and_the_map(tmp_path, capsys):
     """Each defense ran at its own tuned lr at each gamma (robustbn tune): `tuned=("lr",)` compares
     them with each other (without it, each stands alone: no verdict), keeps one line per

@@ -24,14 +24,17 @@ def selected_rows(store, where: list[str], status=None, matrices: list[str] = ()
     those files, each with `source`, its file (robustbn.worst.matrix_rows). `unreported_out`
     (default: with --matrix): an attack search's trials and a tuning's runs
     (robustbn.report.unreported) left out, unless their own file is a --matrix (a confirmation
-    file's settings are its search's, and a tuned file's its tuning's, on other seeds); `note`:
-    where they stay in, say so on stderr."""
+    file's settings are its search's, and a tuned file's its tuning's, on other seeds). `note`
+    (the views: worst cases, comparisons, plots): without --matrix, a tuning's runs left out
+    (a pruned point's worst case is a bound, not a result; `--matrix` its tuning file reads
+    them), a search's trials kept (each a whole run), and either said on stderr."""
     import glob
     import sys
     from pathlib import Path
 
     from ..matrix import MatrixError
     from ..report import unreported
+    from ..tune import is_tuning_file
     from ..worst import matrix_rows
 
     # a quoted pattern (--matrix 'tuned/tuned_*.toml') names every file it matches
@@ -45,9 +48,16 @@ def selected_rows(store, where: list[str], status=None, matrices: list[str] = ()
     rows = matching_rows(store, where, status)
     if unreported_out:
         rows = [r for r in rows if recorded.get(r["hash"]) not in theirs]
-    elif note and (n := sum(recorded.get(r["hash"]) in theirs for r in rows)):
-        print(f"note: {n} of these {len(rows)} runs are an attack search's trials or a tuning's runs (seeds no "
-              f"report uses); --matrix FILE keeps the runs of your files only", file=sys.stderr)
+    elif note:
+        tunings = {s for s in theirs if is_tuning_file(s)}
+        kept = [r for r in rows if recorded.get(r["hash"]) not in tunings]
+        if len(kept) < len(rows):
+            print(f"note: {len(rows) - len(kept)} runs of a tuning left out (seeds no report uses; a pruned point's "
+                  f"worst case is a bound): --matrix its tune_*.toml reads them", file=sys.stderr)
+        if n := sum(recorded.get(r["hash"]) in theirs for r in kept):
+            print(f"note: {n} of these {len(kept)} runs are an attack search's trials (seeds no report uses); "
+                  f"--matrix FILE keeps the runs of your files only", file=sys.stderr)
+        rows = kept
     try:
         return matrix_rows(matrices, rows) if matrices else rows
     except MatrixError as e:
@@ -240,7 +250,7 @@ def _print_worst_case(rows: list[dict], fmt: str, tuned: list[str] = ()) -> int:
     elif not table:
         print("no finished runs match: no worst case to report (see `robustbn results`)")
     else:
-        shown, columns = _intervals(table, shown_columns(table), {"ci_low": ("ci_high", "95% CI", "seeds"),
+        shown, columns = _intervals(table, shown_columns(table, tuned), {"ci_low": ("ci_high", "95% CI", "seeds"),
                                                                   "gap_low": ("gap_high", "gap 95% CI", "gap_pairs")})
         print(text_table(shown, columns))
         notes = [f"{len(table)} settings from {len(rows)} finished runs; worst_acc: the lowest mean over seeds "
