@@ -19,7 +19,6 @@ root=$PWD
 Q=${Q:-/tmp/lanes}
 DB=results/board.sqlite
 PY=$root/.venv/bin/python
-mkdir -p "$Q"
 
 lane_commands() {  # lane N's commands, a line each, from the live store
   ROBUSTBN_DOCS_RUNS=$root/$DB OMP_NUM_THREADS=1 "$PY" - "$1" <<'PY'
@@ -56,6 +55,7 @@ lane() {
 
 case ${1:-status} in
   start)
+    mkdir -p "$Q"
     [ -s "$DB" ] || { mkdir -p results && "$PY" -m robustbn.cli import docs/results.csv --db "$DB"; } || exit 1
     rm -rf "$Q/src" "$Q/stop" && git clone -q "$root" "$Q/src" || exit 1
     for n in 1 2; do
@@ -70,7 +70,7 @@ case ${1:-status} in
       [ -s "$Q/lane$n.pid" ] && kill -"$([ "$1" = freeze ] && echo STOP || echo CONT)" -- -"$(cat "$Q/lane$n.pid")" 2>/dev/null \
         && echo "lane $n: $1"
     done ;;
-  stop) touch "$Q/stop"; echo "cpu_lanes: each lane ends after its current command" ;;
+  stop) mkdir -p "$Q" && touch "$Q/stop"; echo "cpu_lanes: each lane ends after its current command" ;;
   status)
     for n in 1 2; do echo "lane $n: $(tail -n 1 "$Q/lane$n.log" 2>/dev/null | cut -c1-160)"; done
     "$PY" -c "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); print(dict(c.execute(

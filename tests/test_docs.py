@@ -8,8 +8,10 @@ import argparse
 import contextlib
 import importlib
 import io
+import os
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -321,3 +323,17 @@ def test_slugs_are_githubs():
     assert slug("`robustbn.run(scenario)`") == "robustbnrunscenario"
     assert slug("How robust is it: the measured (f, κ)") == "how-robust-is-it-the-measured-f-κ"
     assert slug("Array jobs (Slurm, Kubernetes indexed jobs)") == "array-jobs-slurm-kubernetes-indexed-jobs"
+
+
+@pytest.mark.parametrize("script", sorted(str(p.relative_to(ROOT)) for p in [*ROOT.glob("benchmarks/*.sh"),
+                                                                             *ROOT.glob("docs/*.sh"), ROOT / "dev.sh"]))
+def test_the_shell_scripts_parse(script):
+    """Scripts no test runs whole (a GPU lease's, the CPU lanes'): bash reads each through."""
+    out = subprocess.run(["bash", "-n", script], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_cpu_lanes_script_refuses_an_unknown_command():
+    out = subprocess.run(["bash", "benchmarks/cpu_lanes.sh", "go"], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "Q": "/nonexistent-lanes-dir-is-not-made"})
+    assert out.returncode == 2 and "usage: bash benchmarks/cpu_lanes.sh start|freeze|thaw|stop|status" in out.stderr
