@@ -238,7 +238,7 @@ def _print_worst_case(rows: list[dict], fmt: str, tuned: list[str] = ()) -> int:
     """`results --worst-case`: a row per setting, its worst accuracy over attacks (robustbn.worst)."""
     import json
 
-    from ..stats import CLIPPED_WORDS
+    from ..stats import CLIPPED_WORDS, MIN_PAIRS
     from ..store import export, strict_json
     from ..worst import shown_columns, worst_case
 
@@ -267,5 +267,8 @@ def _print_worst_case(rows: list[dict], fmt: str, tuned: list[str] = ()) -> int:
                          "own class (module:Name), and the file")
         if any(t["worst_acc"] is None for t in table):
             notes.append("no worst_acc: f > 0 but no attack was run in that setting")
+        if any(t.get("gap_pairs") is not None and t["gap_pairs"] < MIN_PAIRS for t in table):
+            notes.append(f"a verdict on fewer than {MIN_PAIRS} paired seeds stands on a wide interval: "
+                         f"docs/results.md and robustbn report give none there")
         print("\n".join(notes))
     return 0
