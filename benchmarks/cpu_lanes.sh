@@ -66,9 +66,9 @@ case ${1:-status} in
   lane) lane "$2" ;;
   commands) lane_commands "${2:-1}" ;;
   freeze|thaw)
-    for n in 1 2; do
-      [ -s "$Q/lane$n.pid" ] && kill -"$([ "$1" = freeze ] && echo STOP || echo CONT)" -- -"$(cat "$Q/lane$n.pid")" 2>/dev/null \
-        && echo "lane $n: $1"
+    signal=$([ "$1" = freeze ] && echo STOP || echo CONT)
+    for n in 1 2; do  # the lane's whole session (setsid): its shell, its command, `timeout`'s own group, workers
+      [ -s "$Q/lane$n.pid" ] && pkill -"$signal" -s "$(cat "$Q/lane$n.pid")" && echo "lane $n: $1"
     done ;;
   stop) mkdir -p "$Q" && touch "$Q/stop"; echo "cpu_lanes: each lane ends after its current command" ;;
   status)

@@ -516,8 +516,8 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
             for f in ys:
                 if (c := here.get((f, g))) is None:
                     continue
-                picks = "".join(f"<div>{e(_map_pick(p, tuned, (notes or {}).get((norm, data, g, f, p['defense']), '')))}"
-                                f"</div>" for p in c["picks"])
+                note = lambda p: (notes or {}).get((norm, data, g, f, p["defense"]), "")
+                picks = "".join(f"<div>{e(_map_pick(p, tuned, note(p)))}</div>" for p in c["picks"])
                 rows.append(f'<tr><td>{g:g}</td><td>{f}</td><td><b>{e(pick_head(c, chance))}</b></td>'
                             f'<td>{picks}</td></tr>')
         out.append(f'<div class="scroll"><table class="map"><caption>{e(norm_words(norm))}, {e(model)}: the '

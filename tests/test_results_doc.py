@@ -241,7 +241,8 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     assert "| FBN | root-free | 1 | 3 | mean on the gradients, nnm+median on the mean and variance (lr 0.01) | 82.0" in out and "| not yet |" in out
     tables.robustness_map()  # the map says which picks stand on the catalogue's attacks only
     out = capsys.readouterr().out
-    assert re.search(r"\| mean \(grad\), nnm\+median \(BN\) \| 82\.0 \[[\d.]+, [\d.]+\] \(5 seeds\) \| 0\.01 \| not yet \|", out)
+    assert re.search(r"\| mean \(grad\), nnm\+median \(BN\) \| 82\.0 \[[\d.]+, [\d.]+\] \(5 seeds\) \| 0\.01 "
+                     r"\| not yet \|", out)
     assert 'A pick searched "not yet" stands on the catalogue\'s attacks only' in out
     (tmp_path / confirm).write_text("")
     searched = [{**r, "source": confirm} if r["gamma"] == 1.0 and r["bn_agg"] == "nnm+median" else r for r in runs]
