@@ -520,7 +520,7 @@ def curve_findings() -> None:
     """What the curves say, paired over seeds (each point's worst attack, its per-seed accuracy):
     how each defense's worst case moves from one end of a sweep to the other, and at each point
     what the server's clean data buys, the trusted defense against the root-free pick."""
-    from robustbn.labels import norm_order, norm_words
+    from robustbn.labels import compact_defense, norm_order, norm_words
     from robustbn.matrix import read
     from robustbn.plots import robustness_lines
     from robustbn.stats import chance as chance_of
@@ -531,8 +531,8 @@ def curve_findings() -> None:
         e = Estimate(t["seeds"], t["worst_acc"], t["ci_low"], t["ci_high"], t["worst_std"])
         return interval_cell(e) + searched.get((t["norm"], t.get("server_data"), t["gamma"], t["f"], t["defense"]), "")
 
-    def named(t) -> str:
-        return t["defense"] + (f" ({t['server_data']})" if t.get("server_data") else "")
+    def named(t) -> str:  # short enough for a phone: the server's data is said once, under the tables
+        return compact_defense(t["defense"]) + (" (trusted)" if t.get("server_data") else "")
 
     def difference(b, a) -> str:
         if max(a["worst_acc"], b["worst_acc"]) - chance < ABOVE_CHANCE:
@@ -547,7 +547,8 @@ def curve_findings() -> None:
     print("How each defense's worst case moves from one end of a sweep to the other, each end at its tuned lr "
           "(difference: the far end - the near end, paired over the seeds both ran; \"both at chance\" where "
           "neither stands a point above it). \"not searched yet\": a pick whose attack search has not run, which "
-          "can still fall (\"Which defense to use where\").\n")
+          "can still fall (\"Which defense to use where\"). (grad): on the gradients, (BN): on the BN mean and "
+          "variance; (trusted): with the server's data, named under the tables.\n")
     print("| protocol | defense | along | near end | far end | difference |")
     print("|---|---|---|---|---|---|")
     points = {}  # (norm, gamma, f) -> its finished points, by defense
@@ -581,12 +582,14 @@ def curve_findings() -> None:
         planned = expected_defenses(norm, None, gamma, f)
         left = f" ({len(free)} of {planned} root-free defenses finished)" if planned and len(free) < planned else ""
         for trusted in (t for t in here.values() if t.get("server_data")):
-            print(f"| {norm_words(norm)} | {gamma:g} | {f} | {named(trusted)}: {est(trusted)} | {pick['defense']}: "
+            print(f"| {norm_words(norm)} | {gamma:g} | {f} | {named(trusted)}: {est(trusted)} | {named(pick)}: "
                   f"{est(pick)}{left} | {difference(trusted, pick)} |")
+    data = sorted({t["server_data"] for here in points.values() for t in here.values() if t.get("server_data")})
+    print("".join(f"\n(trusted): the server's data, {d}." for d in data))
 
 
 SEARCHED_WORDS, NOT_SEARCHED = ", searched", ", not searched yet"
-NOT_TRIED = ", searched, not yet against the attacks found at its other points"
+NOT_TRIED = ", searched, not yet its other points' attacks"
 PARTLY = "its own; not yet its other points' attacks"
 SEARCH_STATES = {SEARCHED_WORDS: "yes", NOT_TRIED: PARTLY, NOT_SEARCHED: "not yet", "": ""}  # the map's column
 

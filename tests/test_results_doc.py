@@ -503,6 +503,7 @@ def test_curve_findings_pair_each_sweeps_ends_and_the_trusted_defense_against_th
     import tables
     from test_worst_case import ATTACKS, DEFENSES, add
 
+    from robustbn.labels import compact_defense
     from robustbn.store import Store
     from robustbn.worst import worst_case
 
@@ -530,14 +531,16 @@ def test_curve_findings_pair_each_sweeps_ends_and_the_trusted_defense_against_th
     tables.curve_findings()
     out = capsys.readouterr().out.splitlines()
     row = lambda *start: next(line for line in out if line.startswith("| " + " | ".join(start) + " |"))
-    assert row("FBN", name["mean"], "f (gamma = 0.1)").endswith("| both at chance |")
-    free = row("FBN", name["nnm+median"], "f (gamma = 0.1)")
+    short = {d: compact_defense(w) for d, w in name.items()}  # a phone's width: each channel in a word
+    assert row("FBN", short["mean"], "f (gamma = 0.1)").endswith("| both at chance |")
+    free = row("FBN", short["nnm+median"], "f (gamma = 0.1)")
     assert "| f = 1: 72.0 [" in free and "| f = 4: 32.0 [" in free and ", not searched yet |" in free
     assert free.endswith("| -40.0 [-40.0, -40.0] (5 pairs; lower) |")
-    assert row("FBN", name["fltrust"] + " (" + words[name["fltrust"]]["server_data"] + ")",
-               "f (gamma = 0.1)").endswith("| -5.0 [-5.0, -5.0] (5 pairs; lower) |")
+    assert row("FBN", short["fltrust"] + " (trusted)", "f (gamma = 0.1)").endswith(
+        "| -5.0 [-5.0, -5.0] (5 pairs; lower) |")
+    assert f"(trusted): the server's data, {words[name['fltrust']]['server_data']}." in out  # named once
     # per point: trusted against the root-free pick (nnm+median, never the mean at chance)
     at_1, at_4 = row("FBN", "0.1", "1"), row("FBN", "0.1", "4")
-    assert f"| {name['nnm+median']}: 72.0 [" in at_1 and at_1.endswith("| -10.0 [-10.0, -10.0] (5 pairs; lower) |")
+    assert f"| {short['nnm+median']}: 72.0 [" in at_1 and at_1.endswith("| -10.0 [-10.0, -10.0] (5 pairs; lower) |")
     assert ", not searched yet | +25.0 [25.0, 25.0] (5 pairs; higher) |" in at_4
     assert not any(line.startswith("| FBN | 0.1 | 2 |") for line in out)
