@@ -746,7 +746,7 @@ def curve_searches() -> None:
     chance has nothing left for the map to lose; one whose confirmation brought it there stays
     listed). A confirmation can change the pick; the next run of this
     section then lists the new pick's search."""
-    from robustbn.labels import norm_words
+    from robustbn.labels import compact_defense, norm_words
 
     if not curve_runs():
         print(f"No search yet: the searches follow the curves' picks. {tuning_status()}")
@@ -765,7 +765,7 @@ def curve_searches() -> None:
         print("|---|---|---|---|---|---|---|")
         for c, p, done, searched in rows:
             print(f"| {norm_words(c['norm'])} | {'root-free' if c['threat'] is None else 'trusted'} | {c['gamma']:g} | "
-                  f"{c['f']} | {p['defense']} (lr {p['lr']:g}) | {estimate_cell(p)} | "
+                  f"{c['f']} | {compact_defense(p['defense'])} (lr {p['lr']:g}) | {estimate_cell(p)} | "
                   f"{'yes' if done else PARTLY if searched else 'not yet'} |")
     picked = {(c["norm"], p["defense"], c["gamma"], c["f"]) for c, p, *_ in rows}
     elsewhere = [(key, t) for key, t in confirmed_points().items() if key not in picked]
@@ -775,7 +775,7 @@ def curve_searches() -> None:
         print("| protocol | gamma | f | defense | worst case now | its worst attack |")
         print("|---|---|---|---|---|---|")
         for (norm, defense, gamma, f), t in elsewhere:
-            print(f"| {norm_words(norm)} | {gamma:g} | {f} | {defense} (lr {t['lr']:g}) | {estimate_cell(t)} | "
+            print(f"| {norm_words(norm)} | {gamma:g} | {f} | {compact_defense(defense)} (lr {t['lr']:g}) | {estimate_cell(t)} | "
                   f"{t['worst_attack']} |")
     if left:
         print("\nThe searches left, each with its confirmation:\n")
@@ -810,7 +810,7 @@ def confirmed_points() -> dict[tuple, dict]:
 def tuning_moved() -> None:
     """How far tuning moved each point's pick, on the tuning seeds: per protocol, point and
     threat model, the highest worst case at the matrix's lr and at each defense's tuned lr."""
-    from robustbn.labels import norm_words
+    from robustbn.labels import compact_defense, norm_words
     from robustbn.matrix import read
     from robustbn.tune import settled_choices
 
@@ -848,14 +848,14 @@ def tuning_moved() -> None:
     for (norm, gamma, f, data), cs in sorted(done.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3] or "")):
         untuned = max(cs, key=lambda c: at_base(c)["worst_acc"])
         tuned = max(cs, key=lambda c: c["chosen_acc"])
-        gains = "; ".join(f"{c['defense']} {'at least ' * at_base(c)['pruned']}"
+        gains = "; ".join(f"{compact_defense(c['defense'])} {'at least ' * at_base(c)['pruned']}"
                           f"{100 * (c['chosen_acc'] - at_base(c)['worst_acc']):+.1f} (lr {c['chosen']['lr']:g})"
                           for c in cs)
         # a pruned bound on top may stand above a defense that is truly higher at lr 0.05
         moved = ("not known (lr " + f"{base:g} pruned)" if at_base(untuned)["pruned"] and len(cs) > 1
                  else "yes" if tuned is not untuned else "no")
         print(f"| {norm_words(norm)} | {gamma:g} | {f} | {'root-free' if data is None else 'trusted'} | "
-              f"{untuned['defense']} {bound(untuned)}{100 * at_base(untuned)['worst_acc']:.1f} | {tuned['defense']} "
+              f"{compact_defense(untuned['defense'])} {bound(untuned)}{100 * at_base(untuned)['worst_acc']:.1f} | {compact_defense(tuned['defense'])} "
               f"{100 * tuned['chosen_acc']:.1f} (lr {tuned['chosen']['lr']:g}) | {moved} | {gains} |")
 
 

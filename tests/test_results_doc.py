@@ -238,7 +238,7 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     (command,) = [line for line in out.splitlines() if line.startswith("robustbn attack-search")]
     confirm = f"{tables.TUNED_DIR}/searched_worst_fbn_nnm_median_gamma_1.toml"
     assert f"--on {tables.TUNED_DIR}/tuned_fbn_nnm_median_gamma_1.toml" in command and f"--confirm {confirm}" in command
-    assert "| FBN | root-free | 1 | 3 | mean on the gradients, nnm+median on the mean and variance (lr 0.01) | 82.0" in out and "| not yet |" in out
+    assert "| FBN | root-free | 1 | 3 | mean (grad), nnm+median (BN) (lr 0.01) | 82.0" in out and "| not yet |" in out
     tables.robustness_map()  # the map says which picks stand on the catalogue's attacks only
     out = capsys.readouterr().out
     assert re.search(r"\| mean \(grad\), nnm\+median \(BN\) \| 82\.0 \[[\d.]+, [\d.]+\] \(5 seeds\) \| 0\.01 "
