@@ -389,6 +389,42 @@ def confirmation_values(search_path: Path, outcome_json: dict[str, Any], values:
     return {**values, "seed": seeds, **attack}
 
 
+EARLIER = "_earlier_"  # searched_worst_<point>_earlier_<k>.toml: an attack confirmed there before
+
+
+def keep_earlier_confirmation(path: Path, new_values: dict[str, Any]) -> Path | None:
+    """Before `path`, a confirmation file, is rewritten with another attack at the same setting,
+    its attack is kept beside it as <stem>_earlier_<k>.toml (returned): its runs on the held-out
+    seeds are an attack tried there, and a worst case is the worst of every attack tried (a
+    later search can find a worse attack on its own seeds that is milder on these). Nothing is
+    kept where the file is missing, is no confirmation, holds the same attacks, or another
+    setting (a defense tuned anew: its old attack was on another defense)."""
+    from .store import scenario_hash
+    from .worst import ATTACK_KEYS, NOT_SETTING
+
+    if not path.is_file():
+        return None
+    try:
+        old = read(path)
+        before, after = expand(old, str(path)), expand(new_values, str(path))
+    except MatrixError:
+        return None
+    if not str(old.get("description", "")).startswith("The worst attack that robustbn attack-search"):
+        return None
+    attacks = lambda scs: {scenario_hash({k: v for k, v in sc.to_dict().items() if k in ATTACK_KEYS}) for sc in scs}
+    settings = lambda scs: {scenario_hash({k: v for k, v in sc.to_dict().items()
+                                           if k not in ATTACK_KEYS and k not in NOT_SETTING}) for sc in scs}
+    if attacks(before) <= attacks(after) or settings(before) != settings(after):
+        return None
+    k = 1
+    while (kept := path.with_name(f"{path.stem}{EARLIER}{k}.toml")).exists():
+        k += 1
+    old["description"] = (f"{old['description']}. Kept when a later search confirmed another attack at this point "
+                          f"({path.name}): every attack confirmed here counts in its worst case")
+    kept.write_text(toml_text(old), encoding="utf-8")
+    return kept
+
+
 def published_store(root: Path, workdir: Path):
     """A store of the board's published runs (the CSV read once into workdir/published.sqlite)."""
     from .store import Store, read_export

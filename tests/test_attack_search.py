@@ -517,6 +517,30 @@ def test_confirm_writes_the_found_attack_on_the_held_out_seeds(tmp_path, capsys)
                if k not in ("search", "seed", "lr", "description") and not k.endswith(("_attack", "_attack_params")))
 
 
+def test_a_confirmation_rewritten_with_another_attack_keeps_the_earlier_one(tmp_path, capsys):
+    """A later search at the same point (here: another space) can confirm another attack: the
+    attack confirmed before stays beside it (<stem>_earlier_1.toml, the same runs), since the
+    worst case is the worst of every attack tried; the same attack again, or another setting
+    (another lr), keeps nothing."""
+    from robustbn.evaluate import keep_earlier_confirmation
+    from robustbn.matrix import expand, read
+
+    db, confirm = tmp_path / "s.sqlite", tmp_path / "searched_worst_x.toml"
+    one = lambda attack: BASE + f'[search]\ntrials = 1\nseed = 0\n[search.grad]\nattacks = ["{attack}"]\n'
+    search(capsys, write(tmp_path, one("sf"), "a.toml"), db, "--confirm", str(confirm))
+    first = expand(read(confirm), str(confirm))
+    search(capsys, write(tmp_path, one("sf"), "a.toml"), db, "--confirm", str(confirm))  # the same attack
+    assert sorted(p.name for p in tmp_path.glob("searched_worst_*")) == ["searched_worst_x.toml"]
+    assert main(["attack-search", str(write(tmp_path, one("ipm"), "b.toml")), "--db", str(db), "--quiet",
+                 "--confirm", str(confirm)]) == 0
+    assert "its runs still count" in capsys.readouterr().err
+    kept = tmp_path / "searched_worst_x_earlier_1.toml"
+    assert [s.to_dict() for s in expand(read(kept), str(kept))] == [s.to_dict() for s in first]  # the same runs
+    assert read(confirm)["grad_attack"] == "ipm" and "every attack confirmed here counts" in read(kept)["description"]
+    assert keep_earlier_confirmation(confirm, {**read(confirm), "grad_attack": "sf", "lr": 0.5}) is None
+    assert keep_earlier_confirmation(tmp_path / "missing.toml", read(confirm)) is None
+
+
 def test_a_search_run_on_another_device_resumes_here_and_its_confirmation_is_device_free(tmp_path, capsys, counted):
     """A search whose runs a GPU made (their hashes the GPU's) is read back on this machine:
     nothing runs again, the same outcome. --device reaches the runs, not the confirmation file
