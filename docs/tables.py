@@ -505,11 +505,21 @@ def f_sweep_level() -> None:
     if near:
         roomy = [g for g in sorted(values["gamma"]) if g > held and all(
             (acc := best(at(norm, g))[0]) is not None and acc - chance >= NEAR_CHANCE for norm, _ in near)]
+        from robustbn.worst import BEST, TIED, defense_map
+
+        # the f values where the map's root-free pick (or tied set) stands above chance: where the f curve says anything
+        apart = sorted({c["f"] for c in defense_map(curve_runs("f"), "gamma", "f", TUNED) if c["threat"] is None
+                        and c["verdict"] in (BEST, TIED)
+                        and all(p["worst_acc"] > chance + ABOVE_CHANCE for p in c["picks"])})  # none tied with chance
+        lower = [f"{norm_words(norm)} ({100 * acc:.1f} against {100 * zero:.1f})" for norm, acc in near
+                 if (zero := best(at(norm, 0.0))[0]) is not None and acc <= zero]
         print(f"\nMeasured on the curves, the level has less room than the board promised: at gamma = {held:g}, "
               f"f = {f}, " + ", ".join(f"{norm_words(norm)}'s best stands {100 * (acc - chance):.1f} points above "
                                       f"chance" for norm, acc in near)
-              + f", within {100 * NEAR_CHANCE:.0f} points too, so its f curve falls to near chance from f = {f} or "
-                f"before and tells the defenses apart at the smaller f only. "
+              + f", within {100 * NEAR_CHANCE:.0f} points of chance as well"
+              + (f", and no higher than at gamma = 0: {', '.join(lower)}" if lower else "")
+              + f". Its f curve falls to near chance by f = {f}: the map's root-free pick stands above chance at "
+                + (f"f = {', '.join(map(str, apart))} only. " if apart else "no f. ")
               + (f"At gamma = {roomy[0]:g} every such protocol stands {100 * NEAR_CHANCE:.0f} points or more above "
                  f"chance at f = {f}: an f sweep there would keep its room (not run: another {len(values['f']) - 1} "
                  f"points per defense and protocol)." if roomy else
@@ -525,11 +535,13 @@ def curve_findings() -> None:
     from robustbn.plots import robustness_lines
     from robustbn.stats import chance as chance_of
 
-    searched = search_notes()
+    searched, confirmed = search_notes(), confirmed_points()
 
-    def est(t) -> str:  # its worst case, and whether a search could still lower it
+    def est(t) -> str:  # its worst case, and whether its search is confirmed or could still lower it
         e = Estimate(t["seeds"], t["worst_acc"], t["ci_low"], t["ci_high"], t["worst_std"])
-        return interval_cell(e) + searched.get((t["norm"], t.get("server_data"), t["gamma"], t["f"], t["defense"]), "")
+        note = searched.get((t["norm"], t.get("server_data"), t["gamma"], t["f"], t["defense"]), "") or \
+            (SEARCHED_WORDS if (t["norm"], t["defense"], t["gamma"], t["f"]) in confirmed else "")
+        return interval_cell(e) + note
 
     def named(t) -> str:  # short enough for a phone: the server's data is said once, under the tables
         return compact_defense(t["defense"]) + (" (trusted)" if t.get("server_data") else "")
@@ -546,8 +558,9 @@ def curve_findings() -> None:
     chance, values = chance_of(runs[0]), read(ROOT / ROBUSTNESS_MATRIX)
     print("How each defense's worst case moves from one end of a sweep to the other, each end at its tuned lr "
           "(difference: the far end - the near end, paired over the seeds both ran; \"both at chance\" where "
-          "neither stands a point above it). \"not searched yet\": a pick whose attack search has not run, which "
-          "can still fall (\"Which defense to use where\"). (grad): on the gradients, (BN): on the BN mean and "
+          "neither stands a point above it). \"searched\": an attack search's confirmed attack is among those run "
+          "there; \"not searched yet\": a pick whose attack search has not run, which can still fall (\"Which "
+          "defense to use where\"). (grad): on the gradients, (BN): on the BN mean and "
           "variance; (trusted): with the server's data, named under the tables.\n")
     print("| protocol | defense | along | near end | far end | difference |")
     print("|---|---|---|---|---|---|")
@@ -572,7 +585,7 @@ def curve_findings() -> None:
           "trusted defense is alone in its threat model, so no search runs against it on the curves (none could "
           "change its map cell): its worst case is over the catalogue's attacks only, and a difference in its favour "
           "may shrink.\n")
-    print("| protocol | gamma | f | trusted | root-free pick | difference |")
+    print("| protocol | gamma | f | trusted | highest root-free | difference |")
     print("|---|---|---|---|---|---|")
     for (norm, gamma, f), here in sorted(points.items(), key=lambda kv: (norm_order(kv[0][0]), kv[0][1:])):
         free = [t for t in here.values() if not t.get("server_data")]
@@ -616,12 +629,12 @@ def robustness_map() -> None:
         return
     xs, ys, panels = map_panels(defense_map(runs, "gamma", "f", TUNED, expected_defenses))
     chance = chance_of(runs[0])
-    # the picks a search could change: searched (confirmed) or not yet
-    searched = search_notes()
+    # the picks a search could change: searched (confirmed) or not yet; and every point with a confirmed search
+    searched, confirmed = search_notes(), confirmed_points()
     # a row per pick, not a grid of cells naming several defenses each: narrow enough for a phone
     print("Each point's verdict is on its first row; the rows under it are the defenses tied with it. "
           "(grad): on the gradients, (BN): on the BN mean and variance. Searched: whether the attack search at that "
-          "pick is confirmed (blank: the pick stands at chance or no search can change the cell).\n")
+          "point is confirmed (blank: none ran there, as no search can change a cell at chance or a lone defense).\n")
     for norm, threat, here in panels:
         print(f"{norm_words(norm)}, {'root-free' if threat is None else 'trusted server data (' + threat + ')'}:\n")
         print("| gamma | f | verdict | defense | worst case (%) | lr | searched |")
@@ -629,9 +642,14 @@ def robustness_map() -> None:
         for g in xs:
             for f in ys:
                 c = here.get((f, g))
-                for i, p in enumerate(c["picks"] if c else ()):
-                    state = SEARCH_STATES[searched.get((norm, threat, g, f, p["defense"]), "")]
-                    print(f"| {g:g} | {f} | {pick_head(c, chance) if i == 0 else ''} | {compact_defense(p['defense'])} "
+                # a lone best's margin: the closest other defense on the next row, with its paired gap
+                after = [c["runner_up"]] if c and c.get("runner_up") else []
+                for i, p in enumerate([*c["picks"], *after] if c else ()):
+                    # a pick no search could change (at chance) may still have one confirmed: say so, as the tables do
+                    state = SEARCH_STATES[searched.get((norm, threat, g, f, p["defense"]), "")] or \
+                        ("yes" if threat is None and (norm, p["defense"], g, f) in confirmed else "")
+                    head = pick_head(c, chance) if i == 0 else "" if "gap" not in p else f"next, lower by {gap_cell(p)}"
+                    print(f"| {g:g} | {f} | {head} | {compact_defense(p['defense'])} "
                           f"| {estimate_cell(p)} | {p['lr']:g} | {state} |")
         print()
     cells = defense_map(runs, "gamma", "f", TUNED)  # as the figure draws them
@@ -770,8 +788,9 @@ def curve_searches() -> None:
     picked = {(c["norm"], p["defense"], c["gamma"], c["f"]) for c, p, *_ in rows}
     elsewhere = [(key, t) for key, t in confirmed_points().items() if key not in picked]
     if elsewhere:
-        print("\nSearches confirmed at a defense that is no longer a pick there (its search moved the pick, or "
-              "another defense rose above it); their attacks count in the curves all the same:\n")
+        print("\nSearches confirmed at a defense and point the table above does not list (its search moved the pick, "
+              "another defense rose above it, or the cell now stands at chance, where no search changes it); their "
+              "attacks count in the curves all the same:\n")
         print("| protocol | gamma | f | defense | worst case now | its worst attack |")
         print("|---|---|---|---|---|---|")
         for (norm, defense, gamma, f), t in elsewhere:
@@ -782,6 +801,12 @@ def curve_searches() -> None:
         print("```")
         print("\n".join(left))
         print("```")
+
+
+def gap_cell(t: dict) -> str:
+    """A paired gap as "5.6 [0.3, 10.8] (5 pairs)"."""
+    return interval_cell(Estimate(t["gap_pairs"], t["gap"], t["gap_low"], t["gap_high"], None)).replace(
+        " seed", " pair")
 
 
 def estimate_cell(t: dict) -> str:
@@ -805,6 +830,12 @@ def confirmed_points() -> dict[tuple, dict]:
                         if (key := (norm, t["defense"], t["gamma"], t["f"])) in keys and t["worst_acc"] is not None:
                             points[key] = t
     return dict(sorted(points.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][3], kv[0][1])))
+
+
+def _gain(d: float) -> str:
+    """A difference in points, "+0.0" where it rounds to zero (tuning's choice is the max, so
+    at its own lr a defense never loses: "-0.0" is a rounding of float32 means)."""
+    return f"{100 * d:+.1f}" if round(100 * d, 1) != 0 else "+0.0"
 
 
 def tuning_moved() -> None:
@@ -849,7 +880,7 @@ def tuning_moved() -> None:
         untuned = max(cs, key=lambda c: at_base(c)["worst_acc"])
         tuned = max(cs, key=lambda c: c["chosen_acc"])
         gains = "; ".join(f"{compact_defense(c['defense'])} {'at least ' * at_base(c)['pruned']}"
-                          f"{100 * (c['chosen_acc'] - at_base(c)['worst_acc']):+.1f} (lr {c['chosen']['lr']:g})"
+                          f"{_gain(c['chosen_acc'] - at_base(c)['worst_acc'])} (lr {c['chosen']['lr']:g})"
                           for c in cs)
         # a pruned bound on top may stand above a defense that is truly higher at lr 0.05
         moved = ("not known (lr " + f"{base:g} pruned)" if at_base(untuned)["pruned"] and len(cs) > 1

@@ -472,7 +472,7 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
         ax.set_xlabel(x)
         ax.set_ylabel(y)
         ax.set_title(f"{norm_words(norm)}, {'trusted server data' if trusted else 'root-free'}"
-                     + ("" if here else ": no defense run"), fontsize=9)
+                     + ("" if here else ": no run of this threat model among these"), fontsize=9)
     fig.colorbar(im, ax=list(axes.flat), label="the best worst-case accuracy")
     seeds = sorted({p["seeds"] for c in cells for p in c["picks"]})
     on = f"{seeds[0]} seeds" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]} seeds (robustbn results --worst-case)"

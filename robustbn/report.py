@@ -518,6 +518,9 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
                     continue
                 note = lambda p: (notes or {}).get((norm, data, g, f, p["defense"]), "")
                 picks = "".join(f"<div>{e(_map_pick(p, tuned, note(p)))}</div>" for p in c["picks"])
+                if nxt := c.get("runner_up"):  # a lone best's margin over the closest other, paired over seeds
+                    picks += (f"<div>next, lower by {pct(nxt['gap'])} [{pct(nxt['gap_low'])}, {pct(nxt['gap_high'])}] "
+                              f"({nxt['gap_pairs']} pairs): {e(_map_pick(nxt, tuned, note(nxt)))}</div>")
                 rows.append(f'<tr><td>{g:g}</td><td>{f}</td><td><b>{e(pick_head(c, chance))}</b></td>'
                             f'<td>{picks}</td></tr>')
         out.append(f'<div class="scroll"><table class="map"><caption>{e(norm_words(norm))}, {e(model)}: the '

@@ -317,8 +317,9 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tune
     has no attacker and is left out. Each cell: norm, threat (the server data, None for
     root-free), x, y, verdict (BEST, TIED, ONLY, or "n seeds, no verdict" where fewer than
     MIN_PAIRS seeds pair, the highest worst case its pick, as on the leaderboard), picks
-    (the defenses: defense, worst_acc, ci_low, ci_high, seeds, worst_attack) and defenses (how
-    many ran there). `tuned` (as `worst_case`): each pick carries its values of them.
+    (the defenses: defense, worst_acc, ci_low, ci_high, seeds, worst_attack), defenses (how
+    many ran there) and runner_up (where one defense is best: the closest other, as a pick, with
+    its gap, best - it, and the gap's interval and pairs; else None). `tuned` (as `worst_case`): each pick carries its values of them.
     `expected(norm, threat, x value, y value)`: how many defenses the cell is to have; where
     fewer have run, the cell picks none ("k of m defenses run, no pick yet")."""
     tuned = tuple(tuned)
@@ -342,10 +343,15 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tune
         if want is not None and len(ts) < want:  # a pick among some of the defenses is no pick
             picks, verdict = ts, f"{len(ts)} of {want} defenses run, no pick yet"
         picks = sorted(picks, key=lambda t: -t["worst_acc"])
+        # a best pick's margin: the closest other defense, its gap (best - it) paired over seeds
+        rest = [t for t in ts if t not in picks and t["gap"] is not None]
+        close = min(rest, key=lambda t: t["gap"], default=None) if verdict == BEST else None
+        shown = lambda t: {**{k: t[k] for k in ("defense", "worst_acc", "ci_low", "ci_high", "seeds", "worst_attack")},
+                           **{k: t.get(k) for k in tuned}}
         out.append({"norm": norm, "threat": data, x: ts[0][x], y: ts[0][y], "verdict": verdict, "defenses": len(ts),
-                    "picks": [{**{k: t[k] for k in ("defense", "worst_acc", "ci_low", "ci_high", "seeds",
-                                                    "worst_attack")}, **{k: t.get(k) for k in tuned}}
-                              for t in picks]})
+                    "picks": [shown(t) for t in picks],
+                    "runner_up": close and {**shown(close), **{k: close[k] for k in ("gap", "gap_low", "gap_high",
+                                                                                     "gap_pairs")}}})
     out.sort(key=lambda c: (norm_order(c["norm"]), c["threat"] is not None, sort_key(c[y]), sort_key(c[x])))
     return out
 

@@ -188,6 +188,9 @@ def test_the_robustness_section_tabulates_the_curves_and_its_figure_carries_thei
         assert row == (f"| {g:g} | 3 | use | {compact_defense(best[g]['defense'])} | {tables.estimate_cell(best[g])} | "
                        f"{best[g]['lr']:g} |  |")
     assert "| 52.0 [50.0, 54.0] (5 seeds) | 0.1 |" in "\n".join(out)  # the interval and seeds of each pick
+    for g in (0.0, 1.0):  # the next row: the other defense, lower by the paired gap
+        (nxt,) = [line for line in out if line.startswith(f"| {g:g} | 3 | next, lower by ")]
+        assert nxt.startswith(f"| {g:g} | 3 | next, lower by 30.0 [30.0, 30.0] (5 pairs) | "), nxt
     image = tmp_path / "docs" / "img" / "robustness_gamma.png"
     assert Image.open(image).text["robustbn-data"] == digest
 

@@ -563,6 +563,11 @@ def test_the_map_names_the_best_or_the_tied_set_per_cell_by_the_paired_rule(tmp_
     assert cells[("fbn", 1, 1.0)]["verdict"] == "2 seeds, no verdict" and picks(("fbn", 1, 1.0)) == [MEAN_DEFENSE]
     assert cells[("naive", 3, 0.0)]["verdict"] == ONLY and cells[("naive", 3, 0.0)]["defenses"] == 1
     assert cells[("fbn", 3, 0.0)]["picks"][0]["worst_acc"] == pytest.approx(0.50 + statistics.fmean(noise))
+    # a lone best carries its margin: the closest other defense and the paired gap, best - it, over the 5 seeds
+    nxt = cells[("fbn", 3, 0.0)]["runner_up"]
+    gaps = [(0.50 + noise[(s + 2) % 5]) - (0.10 + noise[s]) for s in range(5)]
+    assert nxt["defense"] == MEAN_DEFENSE and nxt["gap_pairs"] == 5 and nxt["gap"] == pytest.approx(statistics.fmean(gaps))
+    assert nxt["gap_low"] > 0 and cells[("fbn", 3, 1.0)]["runner_up"] is None  # tied: no margin to give
 
     fig = figure(rows, "map", x="gamma", y="f")
     fbn = next(a for a in fig.axes if a.get_title() == "FBN, root-free")
