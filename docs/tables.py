@@ -413,10 +413,19 @@ def robustness_table(x: str) -> None:
         return
     lines = robustness_lines(runs, x, TUNED)
     xs = sorted({t[x] for mine in lines.values() for pts in mine.values() for t in pts})
+    # the matrix's protocols (or their root-free defenses) with no finished point yet: said, not left to be missed
+    from robustbn.matrix import read
+
+    norms = read(ROOT / ROBUSTNESS_MATRIX)["norm"] if (ROOT / ROBUSTNESS_MATRIX).is_file() else []
+    missing = [norm_words(n) if n not in lines else f"{norm_words(n)}'s root-free defenses" for n in norms
+               if n not in lines or all(pts[0].get("server_data") for pts in lines[n].values())]
     print(f"{held} = {value}. A row per defense and {x}: the worst case over the attacks run (%) [95% CI] (seeds; a "
           f"diverged run counts at chance and is counted), \"searched\" where a confirmed attack search's attack is "
           f"among them (elsewhere the catalogue's only: such a point can still fall), the lr tuned at that point, "
-          f"the clean accuracy. (grad): on the gradients, (BN): on the BN mean and variance. {tuning_status()}\n")
+          f"the clean accuracy. (grad): on the gradients, (BN): on the BN mean and variance. {tuning_status()}"
+          + (f" Not here yet (tuning, or their tuned files' runs, not finished): {'; '.join(missing)}." if missing
+             else "")
+          + "\n")
     for norm, mine in lines.items():
         print(f"{norm_words(norm)}:\n")
         print(f"| defense | {x} | worst case (%) | searched | lr | clean (%) |")

@@ -171,8 +171,11 @@ def test_the_robustness_section_tabulates_the_curves_and_its_figure_carries_thei
     monkeypatch.setattr(tables, "curve_runs", lambda x=None: runs)
     monkeypatch.setattr(tables, "tuning_status", lambda: "(status)")
     monkeypatch.delenv("ROBUSTBN_DOCS_CHECK", raising=False)
+    (tmp_path / tables.ROBUSTNESS_MATRIX).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / tables.ROBUSTNESS_MATRIX).write_text('norm = ["fbn", "fixbn"]\n')  # FixBN planned, none finished
     tables.robustness_table("gamma")
     text = capsys.readouterr().out
+    assert "Not here yet (tuning, or their tuned files' runs, not finished): FixBN." in text
     truth = {(t["defense"], t["gamma"]): t for t in worst_case(runs, ("lr",))}
     for (defense, gamma), t in truth.items():  # a row per defense and gamma, the defense in short words
         row = next(line for line in text.splitlines() if line.startswith(f"| {compact_defense(defense)} | {gamma:g} |"))
