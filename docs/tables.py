@@ -613,7 +613,9 @@ def curve_findings() -> None:
 SEARCHED_WORDS, NOT_SEARCHED = ", searched", ", not searched yet"
 NOT_TRIED = ", searched, not yet its other points' attacks"
 PARTLY = "its own; not yet its other points' attacks"
-SEARCH_STATES = {SEARCHED_WORDS: "yes", NOT_TRIED: PARTLY, NOT_SEARCHED: "not yet", "": ""}  # the map's column
+SEARCH_STATES = {SEARCHED_WORDS: "yes", NOT_TRIED: PARTLY, NOT_SEARCHED: "not yet", "": ""}
+SEARCH_WORDS = {"yes": ", searched", PARTLY: ", searched (its own; not yet its other points' attacks)",
+                "not yet": ", not searched yet", "": ""}  # after a map pick's lr
 
 
 def search_notes() -> dict[tuple, str]:
@@ -640,14 +642,15 @@ def robustness_map() -> None:
     chance = chance_of(runs[0])
     # the picks a search could change: searched (confirmed) or not yet; and every point with a confirmed search
     searched, confirmed = search_notes(), confirmed_points()
-    # a row per pick, not a grid of cells naming several defenses each: narrow enough for a phone
-    print("Each point's verdict is on its first row; the rows under it are the defenses tied with it. "
-          "(grad): on the gradients, (BN): on the BN mean and variance. Searched: whether the attack search at that "
-          "point is confirmed (blank: none ran there, as no search can change a cell at chance or a lone defense).\n")
+    # a row per pick in three columns, not a grid of cells naming several defenses each: a phone's width
+    print("Each point's verdict is on its first row; the rows under it are the defenses tied with it, or, under a "
+          "lone pick, the closest other defense and how much lower it stands (paired over seeds). Each defense: its "
+          "worst case (%) [95% interval] (seeds; its tuned lr, and \"searched\" where an attack search's confirmed "
+          "attack is among those run there). (grad): on the gradients, (BN): on the BN mean and variance.\n")
     for norm, threat, here in panels:
         print(f"{norm_words(norm)}, {'root-free' if threat is None else 'trusted server data (' + threat + ')'}:\n")
-        print("| gamma | f | verdict | defense | worst case (%) | lr | searched |")
-        print("|---|---|---|---|---|---|---|")
+        print("| gamma, f | verdict | defense: worst case |")
+        print("|---|---|---|")
         for g in xs:
             for f in ys:
                 c = here.get((f, g))
@@ -658,8 +661,8 @@ def robustness_map() -> None:
                     state = SEARCH_STATES[searched.get((norm, threat, g, f, p["defense"]), "")] or \
                         ("yes" if threat is None and (norm, p["defense"], g, f) in confirmed else "")
                     head = pick_head(c, chance) if i == 0 else "" if "gap" not in p else f"next, lower by {gap_cell(p)}"
-                    print(f"| {g:g} | {f} | {head} | {compact_defense(p['defense'])} "
-                          f"| {estimate_cell(p)} | {p['lr']:g} | {state} |")
+                    words = estimate_cell(p)[:-1] + f"; lr {p['lr']:g}{SEARCH_WORDS[state]})"
+                    print(f"| {f'{g:g}, {f}' if i == 0 else ''} | {head} | {compact_defense(p['defense'])}: {words} |")
         print()
     cells = defense_map(runs, "gamma", "f", TUNED)  # as the figure draws them
     digest = _map_digest(cells)
@@ -670,11 +673,11 @@ def robustness_map() -> None:
              title="Fashion-MNIST, n = 10; each defense at its tuned lr")
     print(f"![which defense to use where](img/robustness_map.png) <!-- data {digest} -->\n")
     if any(state == NOT_TRIED for state in searched.values()):
-        print(f"A pick searched \"{PARTLY}\" has its own search confirmed, but not yet tried the attacks confirmed "
+        print(f"A pick \"searched ({PARTLY})\" has its own search confirmed, but not yet tried the attacks confirmed "
               f"against the same defense at its other points (listed below): they can still lower it.\n")
     if any(state == NOT_SEARCHED for state in searched.values()):
-        print(f"A pick searched \"{SEARCH_STATES[NOT_SEARCHED]}\" stands on the catalogue's attacks only: its search "
-              f"(listed below) can still lower it and change the cell.\n")
+        print("A pick \"not searched yet\" stands on the catalogue's attacks only: its search (listed below) can "
+              "still lower it and change the cell.\n")
 
 
 ABOVE_CHANCE = AT_CHANCE  # a pick within it of chance is broken: no search changes the map there

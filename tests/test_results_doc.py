@@ -187,13 +187,12 @@ def test_the_robustness_section_tabulates_the_curves_and_its_figure_carries_thei
     best = {g: max((t for t in truth.values() if t["gamma"] == g), key=lambda t: t["worst_acc"]) for g in (0.0, 1.0)}
     out = capsys.readouterr().out.splitlines()
     for g in (0.0, 1.0):  # a row per pick, the defense in short words
-        row = next(line for line in out if line.startswith(f"| {g:g} | 3 |"))
-        assert row == (f"| {g:g} | 3 | use | {compact_defense(best[g]['defense'])} | {tables.estimate_cell(best[g])} | "
-                       f"{best[g]['lr']:g} |  |")
-    assert "| 52.0 [50.0, 54.0] (5 seeds) | 0.1 |" in "\n".join(out)  # the interval and seeds of each pick
-    for g in (0.0, 1.0):  # the next row: the other defense, lower by the paired gap
-        (nxt,) = [line for line in out if line.startswith(f"| {g:g} | 3 | next, lower by ")]
-        assert nxt.startswith(f"| {g:g} | 3 | next, lower by 30.0 [30.0, 30.0] (5 pairs) | "), nxt
+        row = next(line for line in out if line.startswith(f"| {g:g}, 3 |"))
+        assert row == (f"| {g:g}, 3 | use | {compact_defense(best[g]['defense'])}: "
+                       f"{tables.estimate_cell(best[g])[:-1]}; lr {best[g]['lr']:g}) |")
+    assert "52.0 [50.0, 54.0] (5 seeds; lr 0.1)" in "\n".join(out)  # the interval and seeds of each pick
+    # under each lone pick, the other defense, lower by the paired gap
+    assert sum(line.startswith("|  | next, lower by 30.0 [30.0, 30.0] (5 pairs) | ") for line in out) == 2
     image = tmp_path / "docs" / "img" / "robustness_gamma.png"
     assert Image.open(image).text["robustbn-data"] == digest
 
@@ -247,9 +246,9 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     assert "| FBN | root-free | 1 | 3 | mean (grad), nnm+median (BN) (lr 0.01) | 82.0" in out and "| not yet |" in out
     tables.robustness_map()  # the map says which picks stand on the catalogue's attacks only
     out = capsys.readouterr().out
-    assert re.search(r"\| mean \(grad\), nnm\+median \(BN\) \| 82\.0 \[[\d.]+, [\d.]+\] \(5 seeds\) \| 0\.01 "
-                     r"\| not yet \|", out)
-    assert 'A pick searched "not yet" stands on the catalogue\'s attacks only' in out
+    assert re.search(r"\| mean \(grad\), nnm\+median \(BN\): 82\.0 \[[\d.]+, [\d.]+\] \(5 seeds; lr 0\.01, "
+                     r"not searched yet\) \|", out)
+    assert 'A pick "not searched yet" stands on the catalogue\'s attacks only' in out
     (tmp_path / confirm).write_text("")
     searched = [{**r, "source": confirm} if r["gamma"] == 1.0 and r["bn_agg"] == "nnm+median" else r for r in runs]
     monkeypatch.setattr(tables, "curve_runs", lambda x=None: searched)
@@ -264,7 +263,7 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     assert "1 of the 1 picks a search could change are searched" in out and "robustbn attack-search" not in out
     tables.robustness_map()
     out = capsys.readouterr().out
-    assert re.search(r"82\.0 \[[\d.]+, [\d.]+\] \(5 seeds\) \| 0\.01 \| yes \|", out) and "| not yet |" not in out
+    assert re.search(r"82\.0 \[[\d.]+, [\d.]+\] \(5 seeds; lr 0\.01, searched\)", out) and "not searched yet" not in out
     # the same runs made on a GPU (their hashes are the GPU's) finish the confirmation too
     from robustbn.store import scenario_hash
     monkeypatch.setattr(tables, "own_seed_runs",
@@ -274,7 +273,7 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     # a point where fewer defenses ran than the tuning plans: no pick in the map, no search
     monkeypatch.setattr(tables, "expected_defenses", lambda norm, threat, gamma, f: 3)
     tables.robustness_map()
-    assert "| 1 | 3 | 2 of 3 defenses run, no pick yet | " in capsys.readouterr().out
+    assert "| 1, 3 | 2 of 3 defenses run, no pick yet | " in capsys.readouterr().out
     tables.curve_searches()
     assert "0 of the 0 picks" in capsys.readouterr().out
 
