@@ -341,7 +341,8 @@ tr.entry:hover{background:#f7f7ff}tr.best{font-weight:bold}td.num{text-align:rig
 tr.runs td{padding:0 8px;border:0}details table{font-size:12px;margin:0 0 8px 1em}
 table.heat td{text-align:center;min-width:5.5em}table.heat td small{display:block;color:#333;font-size:11px}
 img{max-width:100%;height:auto}code{font-size:13px;overflow-wrap:anywhere}
-.map th{white-space:nowrap}.map td>div{font-size:13px}.map td>div+div{margin-top:4px}"""
+.map th{white-space:nowrap}.map td>div{font-size:13px}.map td>div+div{margin-top:4px}
+@media (max-width:600px){img.zoom{max-width:none;width:760px}}"""
 
 JS = """(function(){
   var table = document.getElementById('leaderboard');
@@ -533,7 +534,8 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
         along = [r for r in curves if r.get(held) == value]
         if len({r.get(x) for r in along}) > 1:
             caption = f"Worst case along {x} at {held} = {value}, each defense at its tuned {', '.join(tuned)}"
-            out.append(f'<figure><img alt="{e(caption)}" src="{png_uri(figure(along, "robustness", x=x, tuned=tuned))}">'
+            out.append(f'<figure><div class="scroll"><img class="zoom" alt="{e(caption)}" '
+                       f'src="{png_uri(figure(along, "robustness", x=x, tuned=tuned))}"></div>'
                        f"<figcaption>{e(caption)}</figcaption></figure>")
     return "".join(out)
 
@@ -563,7 +565,8 @@ def render_html(board: Board, images: list[tuple[str, str]] = (), title: str = "
         bodies.append(f'<tbody><tr class="{cls}">{"".join(tds)}</tr>'
                       f'<tr class="runs"><td colspan="{len(COLUMNS)}">{details}</td></tr></tbody>')
     absent = "".join(f"<li><b>{e(norm_words(p))}</b> (<code>{e(p)}</code>): {e(reason)}</li>" for p, reason in board.absent)
-    imgs = "".join(f'<figure><img alt="{e(c)}" src="{uri}"><figcaption>{e(c)}</figcaption></figure>'
+    imgs = "".join(f'<figure><div class="scroll"><img class="zoom" alt="{e(c)}" src="{uri}"></div>'
+                   f'<figcaption>{e(c)}</figcaption></figure>'
                    for c, uri in images)
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{e(title)}</title>'

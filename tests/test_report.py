@@ -443,7 +443,7 @@ def test_the_robustness_section_maps_the_picks_at_their_tuned_values(tmp_path):
         assert "(grad)" in cell and "on the gradients" not in cell  # short enough for a phone
         nxt = expect[gamma]["runner_up"]  # and the margin over the closest other defense, paired
         assert f"<div>next, lower by {100 * nxt['gap']:.1f} [{100 * nxt['gap_low']:.1f}, " in cell
-    assert page.count('<img alt="Worst case along gamma at f = 3') == 1
+    assert page.count('alt="Worst case along gamma at f = 3') == 1
     # a note after a pick's tuned values (whether its attack search is confirmed), that pick's only
     (p,) = expect[1.0]["picks"]
     noted = robustness_html(rows, ("lr",), notes={("fbn", None, 1.0, 3, p["defense"]): ", not searched yet"})
