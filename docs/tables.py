@@ -404,6 +404,7 @@ def robustness_table(x: str) -> None:
     `./dev.sh docs --check` fails where the figure is stale (the PNG carries the same digest:
     tests/test_docs.py)."""
     from robustbn.labels import compact_defense, norm_words
+    from robustbn.matrix import read
     from robustbn.plots import plot, robustness_lines
 
     runs = curve_runs(x)
@@ -414,8 +415,6 @@ def robustness_table(x: str) -> None:
     lines = robustness_lines(runs, x, TUNED)
     xs = sorted({t[x] for mine in lines.values() for pts in mine.values() for t in pts})
     # the matrix's protocols (or their root-free defenses) with no finished point yet: said, not left to be missed
-    from robustbn.matrix import read
-
     norms = read(ROOT / ROBUSTNESS_MATRIX)["norm"] if (ROOT / ROBUSTNESS_MATRIX).is_file() else []
     missing = [norm_words(n) if n not in lines else f"{norm_words(n)}'s root-free defenses" for n in norms
                if n not in lines or all(pts[0].get("server_data") for pts in lines[n].values())]
@@ -613,9 +612,7 @@ def curve_findings() -> None:
 SEARCHED_WORDS, NOT_SEARCHED = ", searched", ", not searched yet"
 NOT_TRIED = ", searched, not yet its other points' attacks"
 PARTLY = "its own; not yet its other points' attacks"
-SEARCH_STATES = {SEARCHED_WORDS: "yes", NOT_TRIED: PARTLY, NOT_SEARCHED: "not yet", "": ""}
-SEARCH_WORDS = {"yes": ", searched", PARTLY: ", searched (its own; not yet its other points' attacks)",
-                "not yet": ", not searched yet", "": ""}  # after a map pick's lr
+MAP_SEARCH_WORDS = {NOT_TRIED: f", searched ({PARTLY})"}  # after a map pick's lr; other notes as they are
 
 
 def search_notes() -> dict[tuple, str]:
@@ -658,10 +655,10 @@ def robustness_map() -> None:
                 after = [c["runner_up"]] if c and c.get("runner_up") else []
                 for i, p in enumerate([*c["picks"], *after] if c else ()):
                     # a pick no search could change (at chance) may still have one confirmed: say so, as the tables do
-                    state = SEARCH_STATES[searched.get((norm, threat, g, f, p["defense"]), "")] or \
-                        ("yes" if threat is None and (norm, p["defense"], g, f) in confirmed else "")
+                    note = searched.get((norm, threat, g, f, p["defense"])) or \
+                        (SEARCHED_WORDS if threat is None and (norm, p["defense"], g, f) in confirmed else "")
                     head = pick_head(c, chance) if i == 0 else "" if "gap" not in p else f"next, lower by {gap_cell(p)}"
-                    words = estimate_cell(p)[:-1] + f"; lr {p['lr']:g}{SEARCH_WORDS[state]})"
+                    words = estimate_cell(p)[:-1] + f"; lr {p['lr']:g}{MAP_SEARCH_WORDS.get(note, note)})"
                     print(f"| {f'{g:g}, {f}' if i == 0 else ''} | {head} | {compact_defense(p['defense'])}: {words} |")
         print()
     cells = defense_map(runs, "gamma", "f", TUNED)  # as the figure draws them
