@@ -35,7 +35,7 @@ from .labels import (  # noqa: E402
     text,
     varying,
 )
-from .stats import ACCURACY, CLIPPED_WORDS, MIN_PAIRS, accuracy, bands, by_seed, ci_text, interval  # noqa: E402
+from .stats import ACCURACY, CLIPPED_PERCENT_WORDS, MIN_PAIRS, accuracy, bands, by_seed, ci_text, interval  # noqa: E402
 from .stats import chance as chance_of  # noqa: E402
 from .worst import (  # noqa: E402
     ATTACK_FIELDS,
@@ -289,8 +289,7 @@ def worst_case_figure(rows, title: str | None = None):
         if n == 0:
             ax.set_ylabel("defense")
     fig.colorbar(im, ax=list(axes), label="worst-case accuracy (%)")
-    clipped = CLIPPED_WORDS.replace("[0, 1]", "[0, 100]")
-    caption = (f"final test accuracy (%) under the worst attack run (mean over seeds; {clipped}; seeds), and "
+    caption = (f"final test accuracy (%) under the worst attack run (mean over seeds; {CLIPPED_PERCENT_WORDS}; seeds), and "
                "that attack; a diverged run counts at chance (1 / classes)\nframed: the best defense per norm protocol (thick), or those tied for best (thin; "
                f"paired over seeds; no frame on fewer than {MIN_PAIRS} seeds: no verdict)")
     if any(t.get("worst_kind") == SEARCHED for t in table):
@@ -342,72 +341,95 @@ def robustness_lines(rows: list[dict[str, Any]], x: str, tuned: Iterable[str] = 
     return out
 
 
+def _tuned_labels(ax, x: float, labels: list[tuple[float, str, str]], gap: float = 4.5) -> None:
+    """Each line's tuned values at one x, beside its point, pushed apart vertically (`gap`: %
+    of the axis) so that lines ending close together (at chance, say) stay readable."""
+    y_prev = -gap
+    for y, words, color in sorted(labels):
+        y_prev = max(y, y_prev + gap)
+        # beside its point, lifted to y_prev where the line below it would overlap
+        ax.annotate(words, (x, y), xytext=(7, y_prev), textcoords=("offset points", "data"), fontsize=6,
+                    color=color, va="center", gid="tuned", annotation_clip=False)
+
+
 def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str | None = None,
                       tuned: Iterable[str] = ()):
-    """One panel per norm protocol; a line per defense: its worst-case accuracy over the attacks
-    run (catalogue and confirmed searched) along `x`, the 95% band over the worst attack's seeds,
-    its clean accuracy dashed, a ring where an attack search was confirmed (the point's worst
-    case is over more attacks), and a cross at a point whose worst attack made runs diverge. A
-    defense keeps its color and marker in every panel. `tuned` (lr): each point's own value is
-    written beside it."""
+    """One panel per norm protocol; a line per defense: its worst-case accuracy (%) over the
+    attacks run (catalogue and confirmed searched) along `x`, the 95% band over the worst
+    attack's seeds, its clean accuracy dashed, chance dotted, a ring where an attack search was
+    confirmed (the point's worst case is over more attacks), and a cross at a point whose worst
+    attack made runs diverge. A defense keeps its color and marker in every panel, and its
+    short name (labels.compact_defense). `tuned` (lr): each point's own value is written beside it."""
     tuned = tuple(tuned)
     lines = robustness_lines(rows, x, tuned)
     # a defense with a line per value of another setting (f along gamma, say): each line names it
     points = [t for mine in lines.values() for pts in mine.values() for t in pts]
     apart = [k for k in varying(points, set(RESULT) | {"norm", x, *POINT_EXTRAS, *tuned})
              if k not in DEFENSE_FIELDS | {"defense", "server_data"}]
-    name = lambda t: t["defense"] + "".join(f" ({k}={text(t.get(k))})" for k in apart) + \
-        (f" ({t['server_data']})" if t.get("server_data") else "")
+    server_data = sorted({t["server_data"] for t in points if t.get("server_data")})
+    # one kind of server data: "(trusted)", named once in the legend; several: each its own
+    trusted = lambda t: ("" if not t.get("server_data") else " (trusted)" if len(server_data) == 1
+                         else f" (trusted: {t['server_data']})")
+    name = lambda t: compact_defense(t["defense"]) + "".join(f" ({k}={text(t.get(k))})" for k in apart) + trusted(t)
     names = sorted({name(pts[0]) for mine in lines.values() for pts in mine.values()}, key=lambda n: (n != "mean", n))
     seeds = {n: [t["seeds"] for mine in lines.values() for pts in mine.values() for t in pts
                  if name(t) == n and t["worst_acc"] is not None] for n in names}
+    pct = lambda v: 100 * v
+    at_x = sorted({t[x] for t in points})
+    span = (at_x[-1] - at_x[0]) or 1.0
+    chance = 100 * chance_of(rows[0])
     width = max(4.6 * len(lines) + 1, 8.0)  # one panel: room for the caption and the legend
     fig, axes = plt.subplots(1, len(lines), figsize=(width, 4.8), sharey=True, squeeze=False, layout="constrained")
     handles = {}
     for ax, (norm, mine) in zip(axes[0], lines.items()):
+        labels: dict[Any, list[tuple[float, str, str]]] = defaultdict(list)
+        ax.axhline(chance, color="0.5", linestyle=":", linewidth=1.0, gid="chance")
         for pts in mine.values():
             n = name(pts[0])
             i = names.index(n)
             color = LINE_COLORS[i % len(LINE_COLORS)]
             known = [t for t in pts if t["worst_acc"] is not None]
             xs = [t[x] for t in known]
-            handles[n], = ax.plot(xs, [t["worst_acc"] for t in known], color=color,
-                                  marker=MARKERS[i % len(MARKERS)], markersize=5, linewidth=1.6)
-            low = [t["worst_acc"] if t["ci_low"] is None else t["ci_low"] for t in known]
-            high = [t["worst_acc"] if t["ci_high"] is None else t["ci_high"] for t in known]
+            worst = [pct(t["worst_acc"]) for t in known]
+            handles[n], = ax.plot(xs, worst, color=color, marker=MARKERS[i % len(MARKERS)], markersize=5,
+                                  linewidth=1.6)
+            low = [pct(t["worst_acc"] if t["ci_low"] is None else t["ci_low"]) for t in known]
+            high = [pct(t["worst_acc"] if t["ci_high"] is None else t["ci_high"]) for t in known]
             ax.fill_between(xs, low, high, color=color, alpha=0.15, linewidth=0)
             # the interval as a bar too: a band between points shows nothing at a lone point
-            ax.errorbar(xs, [t["worst_acc"] for t in known], yerr=[[t["worst_acc"] - lo for t, lo in zip(known, low)],
-                        [hi - t["worst_acc"] for t, hi in zip(known, high)]], fmt="none", ecolor=color,
-                        elinewidth=0.8, capsize=2, alpha=0.6)
+            ax.errorbar(xs, worst, yerr=[[w - lo for w, lo in zip(worst, low)], [hi - w for w, hi in zip(worst, high)]],
+                        fmt="none", ecolor=color, elinewidth=0.8, capsize=2, alpha=0.6)
             clean = [t for t in pts if t["no_attack_acc"] is not None]
-            ax.plot([t[x] for t in clean], [t["no_attack_acc"] for t in clean], color=color, linestyle="--",
+            ax.plot([t[x] for t in clean], [pct(t["no_attack_acc"]) for t in clean], color=color, linestyle="--",
                     linewidth=1.0, marker="o", markersize=4, markerfacecolor="none")  # a lone point shows too
-            for t in known if tuned else ():  # each point's own tuned values beside it, a line's above the last's
-                ax.annotate(" ".join(f"{k} {t.get(k):g}" if isinstance(t.get(k), float) else f"{k} {t.get(k)}"
-                                     for k in tuned), (t[x], t["worst_acc"]), xytext=(4, 4 + 7 * list(mine).index(
-                                         next(k for k, v in mine.items() if v is pts))),
-                            textcoords="offset points", fontsize=6, color=color, gid="tuned")
+            for t in known if tuned else ():  # each point's own tuned values beside it
+                labels[t[x]].append((pct(t["worst_acc"]), " ".join(
+                    f"{k} {t.get(k):g}" if isinstance(t.get(k), float) else f"{k} {t.get(k)}" for k in tuned), color))
             searched = [t for t in known if t["searched"]]  # its worst case is over more attacks than a bare point's
             if searched:
-                ax.scatter([t[x] for t in searched], [t["worst_acc"] for t in searched], marker="o", s=110,
+                ax.scatter([t[x] for t in searched], [pct(t["worst_acc"]) for t in searched], marker="o", s=110,
                            facecolors="none", edgecolors="black", linewidths=1.0, zorder=4, gid="searched")
             bad = [t for t in known if t["worst_diverged"]]
             if bad:
-                ax.scatter([t[x] for t in bad], [t["worst_acc"] for t in bad], marker="x", s=70, color="black",
+                ax.scatter([t[x] for t in bad], [pct(t["worst_acc"]) for t in bad], marker="x", s=70, color="black",
                            zorder=5, gid="diverged")
+        for at, here in labels.items():
+            _tuned_labels(ax, at, here)
         ax.set_title(norm_words(norm), fontsize=10)
         ax.set_xlabel(x)
-        ax.set_xticks(sorted({t[x] for pts in mine.values() for t in pts}))  # the points' values, never 1.2 of f
+        ax.set_xticks(at_x)  # the points' values, never 1.2 of f
+        ax.set_xlim(at_x[0] - 0.05 * span, at_x[-1] + 0.12 * span)  # the same in every panel, room for the lr
         ax.grid(alpha=0.3)
-        ax.set_ylim(0, 1)
-    axes[0][0].set_ylabel("worst-case test accuracy")
+        ax.set_ylim(0, 100)
+    axes[0][0].set_ylabel("worst-case test accuracy (%)")
     handles = {n: handles[n] for n in names if n in handles}
     words = [f"{n} ({over(min(seeds[n]), max(seeds[n]))})" if seeds[n] else n for n in handles]
     legend = list(handles.values())
     if any(t["no_attack_acc"] is not None for t in points):
         legend.append(plt.Line2D([], [], color="gray", linestyle="--", marker="o", markerfacecolor="none"))
         words.append("clean accuracy (no attack), the defense's color")
+    legend.append(plt.Line2D([], [], color="0.5", linestyle=":"))
+    words.append(f"chance ({chance:g}%)")
     if any(t["searched"] for t in points):
         legend.append(plt.Line2D([], [], color="black", marker="o", markersize=9, markerfacecolor="none",
                                  linestyle="none"))
@@ -415,13 +437,19 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
     if any(t["worst_diverged"] for t in points):
         legend.append(plt.Line2D([], [], color="black", marker="x", linestyle="none"))
         words.append("the worst attack's runs diverged (counted at chance)")
+    if len(server_data) == 1:
+        legend.append(plt.Line2D([], [], linestyle="none"))
+        words.append(f"(trusted): the server's data, {server_data[0]}")
+    if any("(grad)" in n or "(BN" in n for n in handles):
+        legend.append(plt.Line2D([], [], linestyle="none"))
+        words.append("(grad): on the gradients; (BN): on the BN mean and variance")
     columns = 2 if max(map(len, words)) <= 6 * width else 1  # about 12 characters an inch at 7 points
     words = [textwrap.fill(w, width=int(12 * width / columns) - 4) for w in words]
     fig.set_size_inches(fig.get_size_inches()[0],
                         4.8 + 0.2 * (sum(w.count("\n") + 1 for w in words) + 1) // columns)
     fig.legend(legend, words, fontsize=7, loc="outside lower center", ncols=columns)
     caption = (f"worst case over the attacks run (catalogue and confirmed searched): mean over seeds, band: "
-               f"{CLIPPED_WORDS}")
+               f"{CLIPPED_PERCENT_WORDS}")
     caption = textwrap.fill(caption, width=int(15 * width))  # about 15 characters an inch at 9 points
     fig.suptitle(f"{title}\n{caption}" if title else caption, fontsize=9)
     return fig
@@ -453,7 +481,8 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
         grid = np.full((len(ys), len(xs)), np.nan)
         for c in here:
             i, j = ys.index(hashable(c[y])), xs.index(hashable(c[x]))
-            grid[i, j] = top = max(p["worst_acc"] for p in c["picks"])
+            top = max(p["worst_acc"] for p in c["picks"])
+            grid[i, j] = 100 * top
             shown = c["picks"][:3]
             at = lambda p: "".join(f" {k} {p[k]}" for k in tuned)
             band = lambda p: "" if p["ci_low"] is None or p["ci_high"] is None else \
@@ -466,14 +495,14 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
             ax.text(j, i, "\n".join([head, *words]), ha="center", va="center", fontsize=7,
                     color="white" if top < 0.6 else "black")
         ax.set_facecolor("0.93")  # not run
-        im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        im = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto", origin="lower")
         ax.set_xticks(range(len(xs)), [text(v) for v in xs])
         ax.set_yticks(range(len(ys)), [text(v) for v in ys])
         ax.set_xlabel(x)
         ax.set_ylabel(y)
         ax.set_title(f"{norm_words(norm)}, {'trusted server data' if trusted else 'root-free'}"
                      + ("" if here else ": no run of this threat model among these"), fontsize=9)
-    fig.colorbar(im, ax=list(axes.flat), label="the best worst-case accuracy")
+    fig.colorbar(im, ax=list(axes.flat), label="the best worst-case accuracy (%)")
     seeds = sorted({p["seeds"] for c in cells for p in c["picks"]})
     on = f"{seeds[0]} seeds" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]} seeds (robustbn results --worst-case)"
     caption = textwrap.fill("per cell: the best defense (use), or every one tied for best, paired over seeds; "

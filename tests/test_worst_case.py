@@ -480,10 +480,12 @@ def test_robustness_curves_draw_the_worst_case_along_x_with_clean_dashed_and_div
     dashed = [ln for ln in panels[1].get_lines() if ln.get_linestyle() == "--"]
     assert len(solid) == len(dashed) == 2
     assert list(solid[0].get_xdata()) == [0.0, 0.5, 1.0]
-    assert list(solid[0].get_ydata()) == pytest.approx([expect[g] for g in (0.0, 0.5, 1.0)])
+    assert list(solid[0].get_ydata()) == pytest.approx([100 * expect[g] for g in (0.0, 0.5, 1.0)])  # in %
     crosses = lambda ax: [c.get_offsets().tolist() for c in ax.collections if c.get_gid() == "diverged"]
     (cross,) = crosses(panels[1])
-    assert cross[0] == pytest.approx([0.5, expect[0.5]]) and len(cross) == 1 and crosses(panels[0]) == []
+    assert cross[0] == pytest.approx([0.5, 100 * expect[0.5]]) and len(cross) == 1 and crosses(panels[0]) == []
+    chance = [ln for ln in panels[1].get_lines() if ln.get_gid() == "chance"]
+    assert [list(ln.get_ydata()) for ln in chance] == [[10.0, 10.0]]
 
     out = tmp_path / "r.png"
     assert main(["plot", "robustness", "--x", "gamma", "--db", str(tmp_path / "r.sqlite"), "--out", str(out)]) == 0
@@ -533,7 +535,7 @@ def test_a_point_with_a_confirmed_search_is_marked_searched_and_ringed(tmp_path)
     panels = [a for a in fig.axes if a.get_title()]
     rings = lambda ax: [c.get_offsets().tolist() for c in ax.collections if c.get_gid() == "searched"]
     fbn_mean = next(pts for pts in lines["fbn"].values() if pts[0]["defense"] == MEAN_DEFENSE)
-    assert rings(panels[1]) == [[[1.0, pytest.approx(fbn_mean[-1]["worst_acc"])]]] and rings(panels[0]) == []
+    assert rings(panels[1]) == [[[1.0, pytest.approx(100 * fbn_mean[-1]["worst_acc"])]]] and rings(panels[0]) == []
     assert any("a confirmed attack search ran" in t.get_text() for t in fig.legends[0].get_texts())
 
 
@@ -649,6 +651,32 @@ def test_tuned_fields_belong_to_the_defense_in_verdicts_curves_and_the_map(tmp_p
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and words in err
+
+
+def test_curve_labels_are_short_in_percent_and_lines_at_the_same_height_keep_their_lr_apart(tmp_path):
+    """Two defenses both at chance at gamma 0 (at different tuned lr): their lr labels stand apart
+    (at least the gap, in % of the axis), not on top of each other; the legend names each defense
+    by its channels' short words and says what (grad) and (BN) mean; the axis is in %."""
+    from robustbn.plots import robustness_figure
+
+    lrs = {("mean", 0.0): 0.1, ("mean", 1.0): 0.01, ("nnm+median", 0.0): 0.01, ("nnm+median", 1.0): 0.05}
+    with Store(tmp_path / "t.sqlite") as store:
+        for (defense, gamma), lr in lrs.items():
+            for seed in range(2):
+                acc = 0.1 if gamma == 0.0 else 0.5 + 0.2 * (defense == "mean")
+                add(store, acc, norm="fbn", f=3, gamma=gamma, lr=lr, seed=seed, **DEFENSES[defense],
+                    **ATTACKS["sf-mean"])
+        rows = store.rows()
+    fig = robustness_figure(rows, "gamma", tuned=("lr",))
+    (panel,) = [a for a in fig.axes if a.get_title()]
+    at_0 = sorted(t.xyann[1] for t in panel.texts if t.get_gid() == "tuned" and t.xy[0] == 0.0)
+    assert len(at_0) == 2 and at_0[0] == pytest.approx(10.0) and at_0[1] - at_0[0] >= 4.5
+    at_1 = sorted(t.xyann[1] for t in panel.texts if t.get_gid() == "tuned" and t.xy[0] == 1.0)
+    assert at_1 == pytest.approx([50.0, 70.0])  # far apart already: each beside its point
+    words = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert "mean (grad), nnm+median (BN) (95% CI over 2 seeds)" in words
+    assert "(grad): on the gradients; (BN): on the BN mean and variance" in words
+    assert panel.get_ylim() == (0, 100) and "(%)" in panel.get_ylabel()
 
 
 def test_a_curve_per_value_of_another_setting_is_named_by_it_and_an_axis_needs_its_partition(tmp_path):
