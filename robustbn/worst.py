@@ -272,18 +272,26 @@ def _verdicts(table: list[dict[str, Any]], per_seed: dict[int, dict | None], tun
         if t["worst_acc"] is not None:
             groups[tuple(hashable(t.get(k)) for k in others)].append(t)
     for group in groups.values():
-        if len(group) < 2:
-            continue
-        best = max(group, key=lambda t: t["worst_acc"])  # the first of equals, in the table's order
-        for t in group:
-            if t is not best:
-                d = paired(per_seed[id(t)], per_seed[id(best)])
-                verdict = (WORSE if distinct(d) and d.low > 0 else TIED) if d.has_interval else no_verdict(d.n)
-                t.update({"verdict": verdict, "gap": d.mean, "gap_low": d.low, "gap_high": d.high, "gap_pairs": d.n})
-        rest = [t["verdict"] for t in group if t is not best]
-        # one pair has no interval: neither "tied" nor "worse" can be said of it, so no verdict
-        best["verdict"] = BEST if all(v == WORSE for v in rest) else TIED if TIED in rest else \
-            next(v for v in rest if v != WORSE)
+        if len(group) >= 2:
+            paired_rank(group, lambda t: per_seed[id(t)])
+
+
+def paired_rank(group: list[dict[str, Any]], seeds_of: Callable[[dict[str, Any]], dict]) -> None:
+    """The board's paired rule over `group` (two or more dicts with worst_acc; `seeds_of(t)`:
+    its accuracy per seed): the highest worst_acc (the first of equals) is BEST where every
+    other's gap (best - it, paired over seeds) has an interval above 0, else TIED; each other is
+    WORSE or TIED. Fills verdict, gap, gap_low, gap_high and gap_pairs in place."""
+    best = max(group, key=lambda t: t["worst_acc"])
+    for t in group:
+        if t is not best:
+            d = paired(seeds_of(t), seeds_of(best))
+            verdict = (WORSE if distinct(d) and d.low > 0 else TIED) if d.has_interval else no_verdict(d.n)
+            t.update({"verdict": verdict, "gap": d.mean, "gap_low": d.low, "gap_high": d.high, "gap_pairs": d.n})
+    rest = [t["verdict"] for t in group if t is not best]
+    # one pair has no interval: neither "tied" nor "worse" can be said of it, so no verdict
+    best["verdict"] = BEST if all(v == WORSE for v in rest) else TIED if TIED in rest else \
+        next(v for v in rest if v != WORSE)
+    best.update({"gap": None, "gap_low": None, "gap_high": None, "gap_pairs": None})
 
 
 def shown_columns(table: list[dict[str, Any]], tuned: Iterable[str] = ()) -> list[str]:

@@ -278,6 +278,51 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     assert "0 of the 0 picks" in capsys.readouterr().out
 
 
+def test_the_protocol_map_pairs_each_protocols_top_defense_by_seed(tmp_path, monkeypatch, capsys):
+    """protocol_map: at each point each protocol stands at its highest defense there; the
+    protocols are compared by the paired rule (naive BN above FBN at gamma 0, where it wins on
+    every seed; tied at gamma 1, where the seeds disagree), a planned protocol with no run is
+    named as not finished, and one protocol alone reads "only ... finished"."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import tables
+    from test_worst_case import ATTACKS, DEFENSES, add
+
+    from robustbn.store import Store
+
+    noise = [0.00, 0.03, -0.02, 0.01, -0.01]
+    store = Store(tmp_path / "p.sqlite")
+    for seed in range(5):
+        for gamma in (0.0, 1.0):
+            for norm in ("naive", "fbn"):
+                for d, defense in enumerate(DEFENSES):
+                    if gamma == 0.0:  # naive's best 0.6 + noise, FBN's best 0.4 + noise: naive higher on every seed
+                        acc = (0.6 if norm == "naive" else 0.4) - 0.2 * (d == 0) + noise[seed]
+                    else:  # the seeds disagree: FBN above on some, below on others
+                        acc = 0.5 + (noise[seed] if norm == "fbn" else noise[(seed + 2) % 5]) - 0.2 * (d == 0)
+                    add(store, acc, norm=norm, f=3, gamma=gamma, lr=0.05, seed=seed, **DEFENSES[defense],
+                        **ATTACKS["sf-mean"])
+        add(store, 0.3 + noise[seed], norm="fbn", f=1, gamma=0.1, lr=0.05, seed=seed, **ATTACKS["sf-mean"])
+    runs = store.rows()
+    store.close()
+    (tmp_path / tables.TUNED_DIR).mkdir(parents=True)
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    monkeypatch.setattr(tables, "curve_runs", lambda x=None: runs)
+    (tmp_path / tables.ROBUSTNESS_MATRIX).write_text('norm = ["fbn", "naive", "fixbn"]\n')
+    tables.protocol_map()
+    out = capsys.readouterr().out.splitlines()
+    robust = "mean (grad), nnm+median (BN)"
+    at = lambda head: out.index(next(line for line in out if line.startswith(head)))
+    i = at("| 0, 3 |")
+    assert out[i].startswith(f"| 0, 3 | naive BN above (of those finished; FixBN not yet) | naive BN ({robust}): 60.2 [")
+    assert out[i + 1].startswith(f"|  | lower by 20.0 [20.0, 20.0] (5 pairs) | FBN ({robust}): 40.2 [")
+    j = at("| 1, 3 |")
+    assert out[j].startswith("| 1, 3 | 2 tied (of those finished; FixBN not yet) | ")
+    assert out[j + 1].startswith(f"|  | tied, gap 0.0 [-3.2, 3.2] (5 pairs) | FBN ({robust}): 50.2 [")
+    assert next(line for line in out if line.startswith("| 0.1, 1 |")).startswith(
+        "| 0.1, 1 | only FBN finished | FBN (mean): 30.2 [")
+
+
 def test_curve_searches_pass_over_a_tied_pick_at_chance(tmp_path, monkeypatch, capsys):
     """Two defenses tied for best (paired over 5 seeds), one of them at chance: only the other
     is searched (a search cannot lower a defense at chance)."""
