@@ -678,31 +678,20 @@ def robustness_map() -> None:
 
 
 def protocol_map() -> None:
-    """Which BN protocol where: at each point and threat model, each protocol at its highest
-    defense there (the top of its map cell, whose defenses have all finished), the protocols
-    compared by the board's paired rule (robustbn.worst.paired_rank) over seeds 0-4."""
-    from robustbn.labels import compact_defense, norm_order, norm_words
+    """Which BN protocol where (robustbn.worst.protocol_map): at each point and threat model, each
+    protocol at its highest defense there, compared by the board's paired rule over seeds 0-4."""
+    from robustbn.labels import compact_defense, norm_words
     from robustbn.matrix import read
-    from robustbn.plots import robustness_lines
     from robustbn.stats import chance as chance_of
-    from robustbn.worst import AT_CHANCE, BEST, TIED, WORSE, defense_map, paired_rank
+    from robustbn.worst import TIED, WORSE, protocol_head
+    from robustbn.worst import protocol_map as ranked
 
     runs = curve_runs()
     if not runs:
         print(f"No comparison yet: it needs the curves' runs. {tuning_status()}")
         return
-    chance, norms = chance_of(runs[0]), read(ROOT / ROBUSTNESS_MATRIX)["norm"]
+    chance, planned = chance_of(runs[0]), read(ROOT / ROBUSTNESS_MATRIX)["norm"]
     searched, confirmed = search_notes(), confirmed_points()
-    seeds_at = {(norm, t["defense"], t.get("server_data"), t["gamma"], t["f"]): t["worst_by_seed"]
-                for norm, lines in robustness_lines(runs, "gamma", TUNED).items()
-                for pts in lines.values() for t in pts if t["worst_acc"] is not None}
-    points: dict[tuple, dict[str, dict]] = defaultdict(dict)  # (threat, gamma, f) -> {norm: its top defense}
-    for c in defense_map(runs, "gamma", "f", TUNED, expected_defenses):
-        if c["verdict"].endswith("no pick yet"):
-            continue
-        top = c["picks"][0]
-        points[(c["threat"], c["gamma"], c["f"])][c["norm"]] = {
-            **top, "norm": c["norm"], "seeds_by": seeds_at[(c["norm"], top["defense"], c["threat"], c["gamma"], c["f"])]}
     print("Each protocol at its highest defense at that point (the top of its cell in the map above, once every "
           "defense planned there has finished), the protocols compared by the same paired rule over seeds 0-4 (a "
           "seed fixes the data split and the initial model, so the protocols pair by seed). The verdict is on the "
@@ -710,34 +699,22 @@ def protocol_map() -> None:
           "else \"tied\". Each protocol's defense is chosen on the same seeds it is compared on, so a protocol "
           "with several defenses tied near its top gains a little from it. A protocol not listed at a point has "
           "not finished there.\n")
+    cells = ranked(runs, "gamma", "f", TUNED, expected_defenses)
     for trusted in (False, True):
-        here = {k: v for k, v in points.items() if (k[0] is not None) == trusted}
+        here = [c for c in cells if (c["threat"] is not None) == trusted]
         if not here:
             continue
-        data = sorted({k[0] for k in here if k[0]})
+        data = sorted({c["threat"] for c in here if c["threat"]})
         print(f"{'Trusted server data (' + ', '.join(data) + ')' if trusted else 'Root-free'}:\n")
         print("| gamma, f | verdict | protocol (its defense): worst case |")
         print("|---|---|---|")
-        for (threat, g, f), by_norm in sorted(here.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-            group = [dict(t) for t in sorted(by_norm.values(), key=lambda t: norm_order(t["norm"]))]
-            if len(group) >= 2:
-                paired_rank(group, lambda t: t["seeds_by"])
-            group.sort(key=lambda t: (-t["worst_acc"], norm_order(t["norm"])))
-            missing = [norm_words(n) for n in norms if n not in by_norm]
-            at_chance = all(t["worst_acc"] <= chance + AT_CHANCE for t in group)
-            lead = group[0]
-            # a verdict among some of the protocols is said as such: the others may stand above it
-            head = ("only " + norm_words(lead["norm"]) + " finished" if len(group) == 1 else
-                    "none works (at chance)" if at_chance and lead["verdict"] in (BEST, TIED) else
-                    (f"use {norm_words(lead['norm'])}" if not missing else f"{norm_words(lead['norm'])} above")
-                    if lead["verdict"] == BEST else
-                    f"{sum(t['verdict'] == TIED for t in group)} tied" if lead["verdict"] == TIED else lead["verdict"])
-            if missing and len(group) >= 2:
-                head += f" (of those finished; {', '.join(missing)} not yet)"
-            for i, t in enumerate(group):
+        for c in here:
+            g, f, threat = c["gamma"], c["f"], c["threat"]
+            for i, t in enumerate(c["protocols"]):
                 note = searched.get((t["norm"], threat, g, f, t["defense"])) or \
                     (SEARCHED_WORDS if threat is None and (t["norm"], t["defense"], g, f) in confirmed else "")
-                verdict = head if i == 0 else f"lower by {gap_cell(t)}" if t["verdict"] == WORSE else \
+                verdict = protocol_head(c, chance, planned) if i == 0 else \
+                    f"lower by {gap_cell(t)}" if t["verdict"] == WORSE else \
                     f"tied, gap {gap_cell(t)}" if t["verdict"] == TIED else t["verdict"]
                 words = estimate_cell(t)[:-1] + f"; lr {t['lr']:g}{MAP_SEARCH_WORDS.get(note, note)})"
                 print(f"| {f'{g:g}, {f}' if i == 0 else ''} | {verdict} | {norm_words(t['norm'])} "
@@ -1762,11 +1739,13 @@ def cog(check: bool, paths: list[Path] = (RESULTS_MD,)) -> int:
 
 def page(out: Path = PAGE) -> Path:
     """The leaderboard page (robustbn report) of the runs, written to OUT/index.html."""
+    from robustbn.matrix import read
     from robustbn.report import robustness_html, write_page
 
     curves = curve_runs()
+    planned = read(ROOT / ROBUSTNESS_MATRIX)["norm"]
     return write_page(board_runs(), out, robustness=robustness_html(curves, TUNED, SWEEPS, tuning_status(),
-                                                                    expected_defenses, search_notes()))
+                                                                    expected_defenses, search_notes(), planned))
 
 
 def page_check(outs: list[Path] = (PAGE,)) -> int:

@@ -28,14 +28,13 @@ from .labels import (  # noqa: E402
     defense_words,
     group,
     hashable,
-    is_attack,
     norm_order,
     norm_words,
     sort_key,
     text,
     varying,
 )
-from .stats import ACCURACY, CLIPPED_PERCENT_WORDS, MIN_PAIRS, accuracy, bands, by_seed, ci_text, interval  # noqa: E402
+from .stats import ACCURACY, CLIPPED_PERCENT_WORDS, MIN_PAIRS, accuracy, bands, ci_text, interval  # noqa: E402
 from .stats import chance as chance_of  # noqa: E402
 from .worst import (  # noqa: E402
     ATTACK_FIELDS,
@@ -299,7 +298,7 @@ def worst_case_figure(rows, title: str | None = None):
 
 
 # what robustness_lines adds to each worst-case row: no setting field
-POINT_EXTRAS = ("worst_diverged", "searched", "worst_by_seed")
+POINT_EXTRAS = ("worst_diverged", "searched")
 
 
 def robustness_lines(rows: list[dict[str, Any]], x: str, tuned: Iterable[str] = ()
@@ -308,8 +307,8 @@ def robustness_lines(rows: list[dict[str, Any]], x: str, tuned: Iterable[str] = 
     line is a defense with every setting field but `x` (and the `tuned` fields, each point's
     own: `robustbn tune`) fixed; each point carries `worst_diverged`, the runs of its worst
     attack that diverged (counted at chance), `searched`, whether a confirmed attack search's
-    runs are among its attacks (their `source`: searched_worst_*.toml), and `worst_by_seed`, its
-    worst attack's accuracy per seed (what a paired comparison of two points pairs)."""
+    runs are among its attacks (their `source`: searched_worst_*.toml); `worst_by_seed` (from
+    robustbn.worst) is what a paired comparison of two points pairs."""
     if x not in ROBUSTNESS_X:
         raise ValueError(f"--x {x}: a robustness curve runs along one of {', '.join(ROBUSTNESS_X)}")
     tuned = tuple(tuned)
@@ -329,8 +328,6 @@ def robustness_lines(rows: list[dict[str, Any]], x: str, tuned: Iterable[str] = 
                  and all(hashable(r.get(k)) == hashable(t[f"worst_{k}"]) for k in ATTACK_FIELDS)]
         t["worst_diverged"] = sum(accuracy(r)[1] for r in worst)
         t["searched"] = any(source_kind(r["source"]) == SEARCHED for r in runs if r.get("source"))
-        # at f = 0 the worst case is the clean runs' accuracy: pair those
-        t["worst_by_seed"] = by_seed(worst if t["worst_attack"] != NO_ATTACK else [r for r in runs if not is_attack(r)])
     fixed = varying(table, set(RESULT) | {"norm", x, *POINT_EXTRAS, *tuned})
     out: dict[str, dict[tuple, list[dict[str, Any]]]] = {}
     for norm in sorted({t["norm"] for t in table}, key=norm_order):

@@ -35,7 +35,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from .channels import NOT_ATTACKS
 from .labels import (CHANNEL_WORDS, attack_short, attack_words, channels, compact_defense, hashable, is_attack,
@@ -493,15 +493,16 @@ def _map_pick(p: dict[str, Any], tuned: tuple[str, ...], note: str) -> str:
 
 def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] = ("lr",),
                     sweeps: dict[str, tuple[str, Any]] | None = None, pending: str = "",
-                    expected=None, notes: dict[tuple, str] | None = None) -> str:
+                    expected=None, notes: dict[tuple, str] | None = None, planned: Iterable[str] = ()) -> str:
     """The robustness section: per protocol and threat model, which defense to use at each (f,
     gamma) point (robustbn.worst.defense_map, each pick at its tuned values) as an HTML table,
     then the worst case along each sweep (x: the other field held), as figures. `pending`: what
     to say where there is no run yet; `expected`: defense_map's (how many defenses a cell is to
     have); `notes`: words after a pick's tuned values, by (norm, threat, gamma, f, defense)
-    (whether its attack search is confirmed)."""
+    (whether its attack search is confirmed). Then which BN protocol at each point
+    (robustbn.worst.protocol_map; `planned`: the protocols meant to run, those missing named)."""
     from .plots import figure
-    from .worst import defense_map, map_panels, pick_head
+    from .worst import TIED, WORSE, defense_map, map_panels, pick_head, protocol_head, protocol_map
 
     e = html.escape
     if not curves:  # the sentence is markdown: its `commands` and paths as code, which may wrap anywhere
@@ -530,6 +531,27 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
                    f'gradients, (BN): on the BN mean and variance</caption><thead><tr><th scope="col">gamma</th>'
                    f'<th scope="col">f</th><th scope="col">verdict</th><th scope="col">defense</th></tr></thead>'
                    f'<tbody>{"".join(rows)}</tbody></table></div>')
+    cells = protocol_map(curves, "gamma", "f", tuned, expected)
+    for trusted in (False, True):
+        rows = []
+        for c in (c for c in cells if (c["threat"] is not None) == trusted):
+            note = lambda p: (notes or {}).get((p["norm"], c["threat"], c["gamma"], c["f"], p["defense"]), "")
+            gap = lambda p: (f"lower by {pct(p['gap'])} [{pct(p['gap_low'])}, {pct(p['gap_high'])}] "
+                             f"({p['gap_pairs']} pairs): " if p["verdict"] == WORSE else
+                             f"tied, gap {pct(p['gap'])} [{pct(p['gap_low'])}, {pct(p['gap_high'])}] "
+                             f"({p['gap_pairs']} pairs): " if p["verdict"] == TIED else f"{p['verdict']}: ")
+            shown = "".join(f"<div>{'' if i == 0 else e(gap(p))}<b>{e(norm_words(p['norm']))}</b> "
+                            f"{e(_map_pick(p, tuned, note(p)))}</div>" for i, p in enumerate(c["protocols"]))
+            rows.append(f'<tr><td>{c["gamma"]:g}</td><td>{c["f"]}</td>'
+                        f'<td><b>{e(protocol_head(c, chance, planned))}</b></td><td>{shown}</td></tr>')
+        if rows:
+            data = sorted({c["threat"] for c in cells if c["threat"]})
+            model = f"{TRUSTED} ({', '.join(data)})" if trusted else ROOT_FREE
+            out.append(f'<div class="scroll"><table class="map protocols"><caption>Which BN protocol, {e(model)}: each protocol '
+                       f'at its highest defense at the point, compared by the same paired rule over seeds (the '
+                       f'defense chosen on the seeds it is compared on)</caption><thead><tr><th scope="col">gamma'
+                       f'</th><th scope="col">f</th><th scope="col">verdict</th><th scope="col">protocol: its defense'
+                       f'</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
     for x, (held, value) in (sweeps or {}).items():
         along = [r for r in curves if r.get(held) == value]
         if len({r.get(x) for r in along}) > 1:

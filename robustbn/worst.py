@@ -81,6 +81,7 @@ from .labels import (
     hashable,
     is_attack,
     norm_order,
+    norm_words,
     setting_defense_words,
     sort_key,
     text,
@@ -102,7 +103,7 @@ DEFENSE_FIELDS = frozenset({f"{c}_{p}" for c in CHANNELS for p in PARTS if not p
 RESULT = ("worst_acc", "ci_low", "ci_high", "worst_std", "worst_attack", "worst_short", "worst_kind",
           "worst_source", *(f"worst_{k}" for k in ATTACK_FIELDS), "attacks", "seeds", "diverged",
           "verdict", "gap", "gap_low", "gap_high", "gap_pairs",
-          "no_attack_acc", "no_attack_low", "no_attack_high", "no_attack_seeds")
+          "no_attack_acc", "no_attack_low", "no_attack_high", "no_attack_seeds", "worst_by_seed")
 BEST, TIED, WORSE = "best", "tied for best", "worse"
 SEARCHED_PREFIX = "searched_worst_"  # a confirmation file of an attack search: its runs are searched attacks
 CATALOGUE, SEARCHED, OWN = "catalogue", "searched", "own"
@@ -214,11 +215,12 @@ def worst_case(rows: list[dict[str, Any]], tuned: Iterable[str] = ()) -> list[di
     the file: rows with `source`, see `matrix_rows`), worst_<channel>_attack[_params] (the raw fields),
     attacks (how many), seeds (of the worst attack), diverged (runs of the setting counted at
     chance), verdict, gap, gap_low, gap_high, gap_pairs (against the best defense, paired over
-    seeds), no_attack_acc, no_attack_low, no_attack_high, no_attack_seeds. See the module's
+    seeds), no_attack_acc, no_attack_low, no_attack_high, no_attack_seeds, worst_by_seed ({seed:
+    accuracy} of the worst attack, at f = 0 of the clean runs: what a paired comparison pairs). See the module's
     docstring for the definition. `tuned`: fields each defense ran at its own tuned value of
     (`robustbn tune`: lr): they belong to the defense, so defenses at different values compete."""
     keys, settings = setting_groups(rows)
-    table, per_seed = [], {}
+    table = []
     for runs in settings.values():
         first = runs[0]
         attacked, baseline = defaultdict(list), []
@@ -252,16 +254,15 @@ def worst_case(rows: list[dict[str, Any]], tuned: Iterable[str] = ()) -> list[di
                        "attacks": len(pooled), "seeds": e.n, "diverged": sum(accuracy(r)[1] for r in runs),
                        "no_attack_acc": na.mean, "no_attack_low": na.low, "no_attack_high": na.high,
                        "no_attack_seeds": na.n, "verdict": None, "gap": None, "gap_low": None, "gap_high": None,
-                       "gap_pairs": None})
+                       "gap_pairs": None, "worst_by_seed": seeds or {}})
         table.append({k: record[k] for k in [*(k for k in record if k not in RESULT), *RESULT]})
-        per_seed[id(table[-1])] = seeds
     table.sort(key=lambda t: (norm_order(t["norm"]), t["defense"] != "mean", t["defense"],
                               [sort_key(t.get(k)) for k in ["f", *keys]]))
-    _verdicts(table, per_seed, tuned)
+    _verdicts(table, tuned)
     return table
 
 
-def _verdicts(table: list[dict[str, Any]], per_seed: dict[int, dict | None], tuned: Iterable[str] = ()) -> None:
+def _verdicts(table: list[dict[str, Any]], tuned: Iterable[str] = ()) -> None:
     """Fill verdict and gap* of the settings that differ only in the defense (the module's
     docstring; with the `tuned` fields): the best by pooled worst case, the others paired with
     it over seeds."""
@@ -273,7 +274,7 @@ def _verdicts(table: list[dict[str, Any]], per_seed: dict[int, dict | None], tun
             groups[tuple(hashable(t.get(k)) for k in others)].append(t)
     for group in groups.values():
         if len(group) >= 2:
-            paired_rank(group, lambda t: per_seed[id(t)])
+            paired_rank(group, lambda t: t["worst_by_seed"])
 
 
 def paired_rank(group: list[dict[str, Any]], seeds_of: Callable[[dict[str, Any]], dict]) -> None:
@@ -315,6 +316,7 @@ def shown_columns(table: list[dict[str, Any]], tuned: Iterable[str] = ()) -> lis
 
 
 ONLY = "the only defense run"
+NO_PICK_YET = "no pick yet"
 
 
 def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tuned: Iterable[str] = (),
@@ -349,18 +351,48 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tune
             (tied, TIED) if tied else (ts, ONLY)
         want = expected(norm, data, ts[0][x], ts[0][y]) if expected else None
         if want is not None and len(ts) < want:  # a pick among some of the defenses is no pick
-            picks, verdict = ts, f"{len(ts)} of {want} defenses run, no pick yet"
+            picks, verdict = ts, f"{len(ts)} of {want} defenses run, {NO_PICK_YET}"
         picks = sorted(picks, key=lambda t: -t["worst_acc"])
         # a best pick's margin: the closest other defense, its gap (best - it) paired over seeds
         rest = [t for t in ts if t not in picks and t["gap"] is not None]
         close = min(rest, key=lambda t: t["gap"], default=None) if verdict == BEST else None
-        shown = lambda t: {**{k: t[k] for k in ("defense", "worst_acc", "ci_low", "ci_high", "seeds", "worst_attack")},
+        shown = lambda t: {**{k: t[k] for k in ("defense", "worst_acc", "ci_low", "ci_high", "seeds", "worst_attack",
+                                                "worst_by_seed")},
                            **{k: t.get(k) for k in tuned}}
         out.append({"norm": norm, "threat": data, x: ts[0][x], y: ts[0][y], "verdict": verdict, "defenses": len(ts),
                     "picks": [shown(t) for t in picks],
                     "runner_up": close and {**shown(close), **{k: close[k] for k in ("gap", "gap_low", "gap_high",
                                                                                      "gap_pairs")}}})
     out.sort(key=lambda c: (norm_order(c["norm"]), c["threat"] is not None, sort_key(c[y]), sort_key(c[x])))
+    return out
+
+
+def protocol_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tuned: Iterable[str] = (),
+                 expected: Callable[[str, str | None, Any, Any], int | None] | None = None) -> list[dict[str, Any]]:
+    """Which BN protocol where: per threat model and (y, x) cell, each protocol at its highest
+    defense there (the top pick of its `defense_map` cell; a protocol whose cell still waits for
+    defenses, NO_PICK_YET, is left out), the protocols ranked by the paired rule (`paired_rank`,
+    over the seeds of each one's worst attack: a seed fixes the data split and the initial
+    model, whatever the protocol). Each cell: threat, x, y, verdict (BEST, TIED, "n seeds, no
+    verdict", or None where one protocol is there), protocols (highest first: norm, the pick's
+    fields, verdict, gap, gap_low, gap_high, gap_pairs: best - it, paired). A protocol's defense
+    is chosen on the seeds it is compared on: one with several defenses near its top gains a
+    little from it."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for c in defense_map(rows, x, y, tuned, expected):
+        if not c["verdict"].endswith(NO_PICK_YET):
+            groups[(c["threat"], hashable(c[x]), hashable(c[y]))].append(
+                {"norm": c["norm"], **c["picks"][0], "verdict": None, "gap": None, "gap_low": None,
+                 "gap_high": None, "gap_pairs": None, x: c[x], y: c[y]})
+    out = []
+    for (threat, _, _), ps in groups.items():
+        ps.sort(key=lambda p: norm_order(p["norm"]))  # the first of equals: the protocols' own order
+        if len(ps) >= 2:
+            paired_rank(ps, lambda p: p["worst_by_seed"])
+        ps.sort(key=lambda p: (-p["worst_acc"], norm_order(p["norm"])))
+        out.append({"threat": threat, x: ps[0][x], y: ps[0][y], "verdict": ps[0]["verdict"],
+                    "protocols": [{k: v for k, v in p.items() if k not in (x, y)} for p in ps]})
+    out.sort(key=lambda c: (c["threat"] is not None, sort_key(c[x]), sort_key(c[y])))
     return out
 
 
@@ -413,3 +445,21 @@ def pick_head(cell: dict[str, Any], chance: float | None = None) -> str:
         head += ", one at chance: none shown above it" if sum(at_chance) == 1 else \
             f", {sum(at_chance)} at chance: none shown above them"
     return head
+
+
+def protocol_head(cell: dict[str, Any], chance: float | None = None, planned: Iterable[str] = ()) -> str:
+    """A `protocol_map` cell's verdict in a few words: "use FBN", "2 tied", "none works (at
+    chance)", "only FBN run"; `planned`: the protocols meant to be there, those missing named
+    ("FBN above (of those run; FixBN not yet)": the missing may stand above it)."""
+    ps, verdict = cell["protocols"], cell["verdict"]
+    lead = norm_words(ps[0]["norm"])
+    missing = [norm_words(n) for n in planned if n not in {p["norm"] for p in ps}]
+    later = f"{', '.join(missing)} not yet"
+    if len(ps) == 1:
+        return f"only {lead} run" + (f" ({later})" if missing else "")
+    if verdict in (BEST, TIED) and chance is not None and all(p["worst_acc"] <= chance + AT_CHANCE for p in ps):
+        head = "none works (at chance)"
+    else:
+        head = {BEST: f"use {lead}" if not missing else f"{lead} above",
+                TIED: f"{sum(p['verdict'] == TIED for p in ps)} tied"}.get(verdict, verdict)
+    return head + (f" (of those run; {later})" if missing else "")

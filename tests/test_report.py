@@ -447,11 +447,37 @@ def test_the_robustness_section_maps_the_picks_at_their_tuned_values(tmp_path):
     # a note after a pick's tuned values (whether its attack search is confirmed), that pick's only
     (p,) = expect[1.0]["picks"]
     noted = robustness_html(rows, ("lr",), notes={("fbn", None, 1.0, 3, p["defense"]): ", not searched yet"})
+    # in the defense map, and in the protocol table where it is FBN's top defense
     assert re.findall(r"\(5 seeds; lr [0-9.]+, not searched yet\)", noted) == \
-        [f"(5 seeds; lr {p['lr']}, not searched yet)"]
+        [f"(5 seeds; lr {p['lr']}, not searched yet)"] * 2
+    (protocols,) = re.findall(r'<table class="map protocols">.*?</table>', page)
+    assert re.findall(r"<td><b>(.*?)</b></td>", protocols) == ["only FBN run", "only FBN run"]
     assert robustness_html([], pending="Not run yet.") == "<p>Not run yet.</p>"
     assert robustness_html([], pending="Run `robustbn tune a<b.toml`.") == \
         "<p>Run <code>robustbn tune a&lt;b.toml</code>.</p>"
+
+
+def test_the_robustness_section_names_the_protocol_to_use_at_each_point(tmp_path):
+    """The protocol table of robustness_html: FBN above naive BN on every seed at gamma 0 ("use
+    FBN", naive BN lower by the paired gap), and a planned protocol with no run named."""
+    import re
+
+    from robustbn.report import robustness_html
+    from test_worst_case import ATTACKS, DEFENSES, add
+
+    with Store(tmp_path / "p.sqlite") as store:
+        for seed in range(5):
+            for norm, level in (("naive", 0.3), ("fbn", 0.5)):
+                add(store, level + 0.01 * seed, norm=norm, f=3, gamma=0.0, lr=0.05, seed=seed, **DEFENSES["mean"],
+                    **ATTACKS["sf-mean"])
+        rows = store.rows()
+    (protocols,) = re.findall(r'<table class="map protocols">.*?</table>', robustness_html(rows, ("lr",)))
+    (row,) = re.findall(r"<tr><td>0</td><td>3</td><td><b>(.*?)</b></td><td>(.*?)</td></tr>", protocols)
+    assert row[0] == "use FBN"
+    assert row[1].startswith("<div><b>FBN</b> mean 52.0 [") and \
+        "<div>lower by 20.0 [20.0, 20.0] (5 pairs): <b>naive BN</b> mean 32.0 [" in row[1]
+    planned = robustness_html(rows, ("lr",), planned=["fbn", "naive", "fixbn"])
+    assert "<b>FBN above (of those run; FixBN not yet)</b>" in planned
 
 
 def test_a_tie_is_named_while_another_row_lacks_seeds():

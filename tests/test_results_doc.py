@@ -282,7 +282,7 @@ def test_the_protocol_map_pairs_each_protocols_top_defense_by_seed(tmp_path, mon
     """protocol_map: at each point each protocol stands at its highest defense there; the
     protocols are compared by the paired rule (naive BN above FBN at gamma 0, where it wins on
     every seed; tied at gamma 1, where the seeds disagree), a planned protocol with no run is
-    named as not finished, and one protocol alone reads "only ... finished"."""
+    named as not yet run, and one protocol alone reads "only ... run"."""
     sys.path.insert(0, str(ROOT / "docs"))
     sys.path.insert(0, str(ROOT / "tests"))
     import tables
@@ -314,13 +314,13 @@ def test_the_protocol_map_pairs_each_protocols_top_defense_by_seed(tmp_path, mon
     robust = "mean (grad), nnm+median (BN)"
     at = lambda head: out.index(next(line for line in out if line.startswith(head)))
     i = at("| 0, 3 |")
-    assert out[i].startswith(f"| 0, 3 | naive BN above (of those finished; FixBN not yet) | naive BN ({robust}): 60.2 [")
+    assert out[i].startswith(f"| 0, 3 | naive BN above (of those run; FixBN not yet) | naive BN ({robust}): 60.2 [")
     assert out[i + 1].startswith(f"|  | lower by 20.0 [20.0, 20.0] (5 pairs) | FBN ({robust}): 40.2 [")
     j = at("| 1, 3 |")
-    assert out[j].startswith("| 1, 3 | 2 tied (of those finished; FixBN not yet) | ")
+    assert out[j].startswith("| 1, 3 | 2 tied (of those run; FixBN not yet) | ")
     assert out[j + 1].startswith(f"|  | tied, gap 0.0 [-3.2, 3.2] (5 pairs) | FBN ({robust}): 50.2 [")
     assert next(line for line in out if line.startswith("| 0.1, 1 |")).startswith(
-        "| 0.1, 1 | only FBN finished | FBN (mean): 30.2 [")
+        "| 0.1, 1 | only FBN run (naive BN, FixBN not yet) | FBN (mean): 30.2 [")
 
 
 def test_curve_searches_pass_over_a_tied_pick_at_chance(tmp_path, monkeypatch, capsys):

@@ -8,6 +8,8 @@ import math
 import statistics
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import sem, ttest_rel
 from scipy.stats import t as t_dist
 
@@ -702,6 +704,36 @@ def test_a_curve_per_value_of_another_setting_is_named_by_it_and_an_axis_needs_i
         robustness_figure(rows, "alpha")
     with pytest.raises(ValueError, match="--tuned gamma"):
         robustness_figure(rows, "gamma", tuned=("gamma",))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 90), st.integers(0, 90)), min_size=2, max_size=5))
+def test_protocols_are_ranked_by_the_same_paired_rule_as_defenses(accs):
+    """protocol_map over FBN and naive BN (one defense each, accuracies per seed drawn) gives
+    the verdicts and gaps that worst_case gives the same accuracies as two defenses of one
+    protocol: one rule, whatever is compared."""
+    import tempfile
+
+    from robustbn.worst import protocol_map
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with Store(f"{tmp}/a.sqlite") as protocols, Store(f"{tmp}/b.sqlite") as defenses:
+            for seed, pair in enumerate(accs):
+                for norm, defense, acc in zip(("naive", "fbn"), DEFENSES, pair):
+                    add(protocols, acc / 100, norm=norm, f=3, gamma=0.0, seed=seed, **DEFENSES["nnm+median"],
+                        **ATTACKS["sf-mean"])
+                    add(defenses, acc / 100, norm="fbn", f=3, gamma=0.0, seed=seed, **DEFENSES[defense],
+                        **ATTACKS["sf-mean"])
+            by_protocol, by_defense = protocols.rows(), defenses.rows()
+    (cell,) = protocol_map(by_protocol)
+    as_defenses = {"naive" if t["defense"] == MEAN_DEFENSE else "fbn": t for t in worst_case(by_defense)}
+    assert [p["norm"] for p in cell["protocols"]] == sorted(
+        as_defenses, key=lambda n: (-as_defenses[n]["worst_acc"], n != "naive"))
+    for p in cell["protocols"]:
+        t = as_defenses[p["norm"]]
+        assert (p["verdict"], p["gap_pairs"]) == (t["verdict"], t["gap_pairs"])
+        assert p["gap"] == pytest.approx(t["gap"]) if t["gap"] is not None else p["gap"] is None
+    assert cell["verdict"] == cell["protocols"][0]["verdict"]
 
 
 def test_a_map_cell_at_chance_says_none_works_and_a_tied_set_names_its_picks_at_chance():
