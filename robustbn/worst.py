@@ -455,9 +455,10 @@ def protocol_head(cell: dict[str, Any], chance: float | None = None, planned: It
     lead = norm_words(ps[0]["norm"])
     missing = [norm_words(n) for n in planned if n not in {p["norm"] for p in ps}]
     later = f"{', '.join(missing)} not yet"
+    at_chance = chance is not None and all(p["worst_acc"] <= chance + AT_CHANCE for p in ps)
     if len(ps) == 1:
-        return f"only {lead} run" + (f" ({later})" if missing else "")
-    if verdict in (BEST, TIED) and chance is not None and all(p["worst_acc"] <= chance + AT_CHANCE for p in ps):
+        return f"only {lead} run" + (", at chance" if at_chance else "") + (f" ({later})" if missing else "")
+    if verdict in (BEST, TIED) and at_chance:
         head = "none works (at chance)"
     else:
         head = {BEST: f"use {lead}" if not missing else f"{lead} above",

@@ -303,6 +303,7 @@ def test_the_protocol_map_pairs_each_protocols_top_defense_by_seed(tmp_path, mon
                     add(store, acc, norm=norm, f=3, gamma=gamma, lr=0.05, seed=seed, **DEFENSES[defense],
                         **ATTACKS["sf-mean"])
         add(store, 0.3 + noise[seed], norm="fbn", f=1, gamma=0.1, lr=0.05, seed=seed, **ATTACKS["sf-mean"])
+        add(store, 0.1, norm="fbn", f=2, gamma=0.1, lr=0.05, seed=seed, **ATTACKS["sf-mean"])
     runs = store.rows()
     store.close()
     (tmp_path / tables.TUNED_DIR).mkdir(parents=True)
@@ -321,6 +322,8 @@ def test_the_protocol_map_pairs_each_protocols_top_defense_by_seed(tmp_path, mon
     assert out[j + 1].startswith(f"|  | tied, gap 0.0 [-3.2, 3.2] (5 pairs) | FBN ({robust}): 50.2 [")
     assert next(line for line in out if line.startswith("| 0.1, 1 |")).startswith(
         "| 0.1, 1 | only FBN run (naive BN, FixBN not yet) | FBN (mean): 30.2 [")
+    assert next(line for line in out if line.startswith("| 0.1, 2 |")).startswith(
+        "| 0.1, 2 | only FBN run, at chance (naive BN, FixBN not yet) | FBN (mean): 10.0 [")
 
 
 def test_curve_searches_pass_over_a_tied_pick_at_chance(tmp_path, monkeypatch, capsys):
