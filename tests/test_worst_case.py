@@ -736,6 +736,31 @@ def test_protocols_are_ranked_by_the_same_paired_rule_as_defenses(accs):
     assert cell["verdict"] == cell["protocols"][0]["verdict"]
 
 
+def test_results_by_protocol_ranks_the_protocols_at_each_point(tmp_path, capsys):
+    """`results --worst-case --by-protocol`: a row per protocol at each point, its highest
+    defense, the point's verdict on the first; csv/json give the gap paired over seeds; without
+    --worst-case, one line of error."""
+    db = str(tmp_path / "p.sqlite")
+    with Store(db) as store:
+        for seed in range(5):
+            for norm, level in (("naive", 0.3), ("fbn", 0.5)):
+                for defense, extra in (("mean", 0.0), ("nnm+median", 0.05)):  # each protocol's top: nnm+median
+                    add(store, level + extra + 0.01 * seed, norm=norm, f=3, gamma=0.0, seed=seed,
+                        **DEFENSES[defense], **ATTACKS["sf-mean"])
+    assert main(["results", "--worst-case", "--by-protocol", "--db", db]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split()[:5] == ["0.0000", "3", "use", "FBN", "fbn"] and ROBUST_DEFENSE.split()[0] in lines[2]
+    assert lines[3].split()[2:4] == ["naive", "mean"] and "worse" in lines[3]
+    assert main(["results", "--worst-case", "--by-protocol", "--db", db, "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["norm"], r["defense"], r["verdict"], r["compared"]) for r in rows] == \
+        [("fbn", ROBUST_DEFENSE, "use FBN", "best"), ("naive", ROBUST_DEFENSE, "", "worse")]
+    assert rows[1]["gap"] == pytest.approx(0.2) and rows[1]["gap_pairs"] == 5
+    assert main(["results", "--by-protocol", "--db", db]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--by-protocol is for --worst-case" in err
+
+
 def test_a_map_cell_at_chance_says_none_works_and_a_tied_set_names_its_picks_at_chance():
     """pick_head: every pick within AT_CHANCE of chance reads "none works (at chance)", whatever
     the verdict; a tied set holding one such pick says none of it is shown above chance; without

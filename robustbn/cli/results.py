@@ -83,6 +83,7 @@ def register(sub) -> None:
                               "  robustbn results --worst-case --matrix scenarios/worst_case_fmnist.toml "
                               "--matrix scenarios/searched_worst_fbn_dnc.toml\n"
                               "  robustbn results --worst-case --format csv > worst.csv\n"
+                              "  robustbn results --worst-case --by-protocol --tuned lr\n"
                               "  robustbn results --pooled --where gamma=0.0\n"
                               "  robustbn results --compare bn_agg=mean bn_agg=nnm+median --where norm=fbn")
     p.add_argument("--db", default=DEFAULT_DB)
@@ -95,6 +96,9 @@ def register(sub) -> None:
     p.add_argument("--worst-case", action="store_true",
                    help="per setting, the worst accuracy over attacks (seeds pooled, 95%% CI), the attack achieving "
                         "it, and a verdict per norm protocol: best, tied for best (paired over seeds), worse")
+    p.add_argument("--by-protocol", action="store_true",
+                   help="with --worst-case: which BN protocol at each (gamma, f) point and threat model, each "
+                        "protocol at its highest defense there, the protocols compared by the same paired rule")
     p.add_argument("--tuned", action="append", default=[], metavar="FIELD",
                    help="with --worst-case: a field each defense ran at its own tuned value of (robustbn tune; e.g. "
                         "--tuned lr): defenses at different values are compared with each other")
@@ -119,11 +123,15 @@ def cmd_results(args) -> int:
     if views and not set(args.status or ()) <= {"done", "diverged"}:
         raise UsageError(f"{views[0]} reads finished runs only (leave out --status)")
     check_tuned(args.tuned, args.worst_case, "--worst-case")
+    if args.by_protocol and not args.worst_case:
+        raise UsageError("--by-protocol is for --worst-case: robustbn results --worst-case --by-protocol")
     compared = _compared(args.compare) if args.compare else None
     with Store(args.db, readonly=True) as store:
         rows = selected_rows(store, args.where, FINISHED if views else args.status, args.matrix, note=bool(views))
         recorded = dict(store.db.execute("SELECT hash, source FROM runs")) if args.format != "table" else {}
     if args.worst_case:
+        if args.by_protocol:
+            return _print_by_protocol(rows, args.format, args.tuned)
         return _print_worst_case(rows, args.format, args.tuned)
     rows = [{k: v for k, v in r.items() if k != "source"} for r in rows]  # the file: a worst case's column only
     if args.pooled:
@@ -231,6 +239,43 @@ def _print_pooled(rows: list[dict], fmt: str) -> int:
     print(text_table(shown, columns))
     print(f"{len(cells)} cells from {len(rows)} finished runs; mean_acc: mean final accuracy over seeds "
           f"(diverged runs count at chance, 1 / classes); {CLIPPED_WORDS}")
+    return 0
+
+
+def _print_by_protocol(rows: list[dict], fmt: str, tuned: list[str] = ()) -> int:
+    """`results --worst-case --by-protocol`: a row per protocol at each (gamma, f) point and
+    threat model (robustbn.worst.protocol_map), the point's verdict on its first row."""
+    import json
+
+    from ..stats import chance
+    from ..store import export, strict_json
+    from ..worst import protocol_head, protocol_map
+
+    x = "gamma" if any(r.get("gamma") is not None for r in rows) else "alpha"
+    try:
+        cells = protocol_map(rows, x, "f", tuned) if rows else []
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    columns = ["server_data", x, "f", "verdict", "norm", "defense", *tuned, "worst_acc", "ci_low", "ci_high",
+               "seeds", "compared", "gap", "gap_low", "gap_high", "gap_pairs", "worst_attack"]
+    table = [{"server_data": c["threat"], x: c[x], "f": c["f"], "verdict": protocol_head(c, chance(rows[0])) if i == 0
+              else "", **{k: p.get(k) for k in columns if k in p and k != "verdict"}, "compared": p["verdict"]}
+             for c in cells for i, p in enumerate(c["protocols"])]
+    if fmt != "table":
+        table = [{k: t.get(k) for k in columns} for t in table]
+        print(json.dumps(strict_json(table), indent=1, allow_nan=False) if fmt == "json"
+              else export(table, "csv", columns), end="\n" if fmt == "json" else "")
+    elif not table:
+        print("no attacked run has both gamma (or alpha) and f: no protocol to compare (see robustbn results "
+              "--worst-case)")
+    else:
+        shown, names = _intervals(table, [c for c in columns if c != "server_data" or any(t[c] for t in table)],
+                                  {"ci_low": ("ci_high", "95% CI", "seeds"),
+                                   "gap_low": ("gap_high", "gap 95% CI", "gap_pairs")})
+        print(text_table(shown, names))
+        print("verdict: per threat model (server_data: the trusted data its defense uses; blank: root-free) and "
+              "point, each protocol at its highest defense there, compared with the highest by the paired rule "
+              "over seeds (gap: highest - it); the defense is chosen on the seeds it is compared on")
     return 0
 
 
