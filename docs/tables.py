@@ -528,10 +528,12 @@ def f_sweep_level() -> None:
               + (f", and no higher than at gamma = 0: {', '.join(lower)}" if lower else "")
               + f". Its f curve falls to near chance by f = {f}: the map's root-free pick stands above chance at "
                 + (f"f = {', '.join(map(str, apart))} only. " if apart else "no f. ")
-              + (f"At gamma = {roomy[0]:g} every such protocol stands {100 * NEAR_CHANCE:.0f} points or more above "
+              + (f"At gamma = {roomy[0]:g} {' and '.join(norm_words(n) for n, _ in near)} "
+                 f"{'stands' if len(near) == 1 else 'stand'} {100 * NEAR_CHANCE:.0f} points or more above "
                  f"chance at f = {f}: an f sweep there would keep its room (not run: another {len(values['f']) - 1} "
                  f"points per defense and protocol)." if roomy else
-                 "No finished gamma level of the curves keeps every such protocol 10 points above chance yet."))
+                 f"No finished gamma level of the curves keeps {' and '.join(norm_words(n) for n, _ in near)} "
+                 f"{100 * NEAR_CHANCE:.0f} points above chance yet."))
 
 
 def curve_findings() -> None:
@@ -623,6 +625,15 @@ def search_notes() -> dict[tuple, str]:
             for c, p, done, searched in curve_search_rows()[0]}
 
 
+def pick_notes() -> dict[tuple, str]:
+    """The words after a pick's lr, by (norm, threat, gamma, f, defense): search_notes' for the
+    picks a search could change, and ", searched" for any other defense at a point whose search
+    is confirmed (a pick at chance may still have one); the map, the protocol table and the page
+    read the same."""
+    confirmed = {(norm, None, g, f, d): SEARCHED_WORDS for norm, d, g, f in confirmed_points()}
+    return {**confirmed, **search_notes()}
+
+
 def robustness_map() -> None:
     """Which defense to use where, per protocol and threat model: the paired rule's pick (or the
     tied set) at each (f, gamma) point of the curves, each at its tuned lr."""
@@ -638,7 +649,7 @@ def robustness_map() -> None:
     xs, ys, panels = map_panels(defense_map(runs, "gamma", "f", TUNED, expected_defenses))
     chance = chance_of(runs[0])
     # the picks a search could change: searched (confirmed) or not yet; and every point with a confirmed search
-    searched, confirmed = search_notes(), confirmed_points()
+    notes = pick_notes()
     # a row per pick in three columns, not a grid of cells naming several defenses each: a phone's width
     print("Each point's verdict is on its first row; the rows under it are the defenses tied with it, or, under a "
           "lone pick, the closest other defense and how much lower it stands (paired over seeds). Each defense: its "
@@ -654,9 +665,7 @@ def robustness_map() -> None:
                 # a lone best's margin: the closest other defense on the next row, with its paired gap
                 after = [c["runner_up"]] if c and c.get("runner_up") else []
                 for i, p in enumerate([*c["picks"], *after] if c else ()):
-                    # a pick no search could change (at chance) may still have one confirmed: say so, as the tables do
-                    note = searched.get((norm, threat, g, f, p["defense"])) or \
-                        (SEARCHED_WORDS if threat is None and (norm, p["defense"], g, f) in confirmed else "")
+                    note = notes.get((norm, threat, g, f, p["defense"]), "")
                     head = pick_head(c, chance) if i == 0 else "" if "gap" not in p else f"next, lower by {gap_cell(p)}"
                     words = estimate_cell(p)[:-1] + f"; lr {p['lr']:g}{MAP_SEARCH_WORDS.get(note, note)})"
                     print(f"| {f'{g:g}, {f}' if i == 0 else ''} | {head} | {compact_defense(p['defense'])}: {words} |")
@@ -669,21 +678,22 @@ def robustness_map() -> None:
         plot(runs, "map", str(image), x="gamma", y="f", tuned=TUNED, metadata={"robustbn-data": digest},
              title="Fashion-MNIST, n = 10; each defense at its tuned lr")
     print(f"![which defense to use where](img/robustness_map.png) <!-- data {digest} -->\n")
-    if any(state == NOT_TRIED for state in searched.values()):
+    if any(state == NOT_TRIED for state in notes.values()):
         print(f"A pick \"searched ({PARTLY})\" has its own search confirmed, but not yet tried the attacks confirmed "
               f"against the same defense at its other points (listed below): they can still lower it.\n")
-    if any(state == NOT_SEARCHED for state in searched.values()):
+    if any(state == NOT_SEARCHED for state in notes.values()):
         print("A pick \"not searched yet\" stands on the catalogue's attacks only: its search (listed below) can "
               "still lower it and change the cell.\n")
 
 
 def protocol_map() -> None:
     """Which BN protocol where (robustbn.worst.protocol_map): at each point and threat model, each
-    protocol at its highest defense there, compared by the board's paired rule over seeds 0-4."""
+    protocol at its highest defense there, compared by the board's paired rule over seeds 0-4;
+    then the protocols under one defense each, chosen by no one (seed 002's comparison)."""
     from robustbn.labels import compact_defense, norm_words
     from robustbn.matrix import read
     from robustbn.stats import chance as chance_of
-    from robustbn.worst import TIED, WORSE, protocol_head
+    from robustbn.worst import TIED, WORSE, protocol_head, provisional
     from robustbn.worst import protocol_map as ranked
 
     runs = curve_runs()
@@ -691,35 +701,81 @@ def protocol_map() -> None:
         print(f"No comparison yet: it needs the curves' runs. {tuning_status()}")
         return
     chance, planned = chance_of(runs[0]), read(ROOT / ROBUSTNESS_MATRIX)["norm"]
-    searched, confirmed = search_notes(), confirmed_points()
+    notes = pick_notes()
     print("Each protocol at its highest defense at that point (the top of its cell in the map above, once every "
           "defense planned there has finished), the protocols compared by the same paired rule over seeds 0-4 (a "
           "seed fixes the data split and the initial model, so the protocols pair by seed). The verdict is on the "
           "first row; under it, each other protocol, \"lower by\" its paired gap where the interval excludes 0, "
-          "else \"tied\". Each protocol's defense is chosen on the same seeds it is compared on, so a protocol "
-          "with several defenses tied near its top gains a little from it. A protocol not listed at a point has "
-          "not finished there.\n")
+          "else \"tied\" (not told apart on 5 seeds, which is not the same as equal). Each interval is 95% for "
+          "its own comparison, not jointly over the table: among this many comparisons a stray \"lower by\" is to "
+          "be expected. Each protocol's defense is chosen on the same seeds it is compared on, and each worst "
+          "case is the lowest of a dozen attacks on those seeds, so a protocol whose seeds scatter more is pulled "
+          "down more. A verdict is \"provisional\" where a protocol's pick stands on the catalogue's attacks only "
+          "(no search confirmed against it: one could lower it and turn the verdict). Each row: the worst case "
+          "(%) [95% interval] (seeds; tuned lr, \"searched\" where a confirmed search's attack is among those run; "
+          "clean: the same defense and lr without attack, to tell \"trains worse\" from \"is attacked worse\").\n")
     cells = ranked(runs, "gamma", "f", TUNED, expected_defenses)
     for trusted in (False, True):
         here = [c for c in cells if (c["threat"] is not None) == trusted]
         if not here:
             continue
         data = sorted({c["threat"] for c in here if c["threat"]})
-        print(f"{'Trusted server data (' + ', '.join(data) + ')' if trusted else 'Root-free'}:\n")
+        print(f"{'Trusted server data (' + ', '.join(data) + ')' if trusted else 'Root-free'}, "
+              f"{sum(len(c['protocols']) for c in here)} of {len(planned) * len(here)} protocol points finished:\n")
         print("| gamma, f | verdict | protocol (its defense): worst case |")
         print("|---|---|---|")
         for c in here:
             g, f, threat = c["gamma"], c["f"], c["threat"]
+            note = lambda t: notes.get((t["norm"], threat, g, f, t["defense"]), "")
             for i, t in enumerate(c["protocols"]):
-                note = searched.get((t["norm"], threat, g, f, t["defense"])) or \
-                    (SEARCHED_WORDS if threat is None and (t["norm"], t["defense"], g, f) in confirmed else "")
-                verdict = protocol_head(c, chance, planned) if i == 0 else \
-                    f"lower by {gap_cell(t)}" if t["verdict"] == WORSE else \
+                verdict = protocol_head(c, chance, planned) + provisional(c, lambda p: note(p) == SEARCHED_WORDS) \
+                    if i == 0 else f"lower by {gap_cell(t)}" if t["verdict"] == WORSE else \
                     f"tied, gap {gap_cell(t)}" if t["verdict"] == TIED else t["verdict"]
-                words = estimate_cell(t)[:-1] + f"; lr {t['lr']:g}{MAP_SEARCH_WORDS.get(note, note)})"
+                clean = "" if t.get("no_attack_acc") is None else f"; clean {100 * t['no_attack_acc']:.1f}"
+                words = estimate_cell(t)[:-1] + f"; lr {t['lr']:g}{MAP_SEARCH_WORDS.get(note(t), note(t))}{clean})"
                 print(f"| {f'{g:g}, {f}' if i == 0 else ''} | {verdict} | {norm_words(t['norm'])} "
                       f"({compact_defense(t['defense'])}): {words} |")
         print()
+    same_defense(runs, planned)
+
+
+def same_defense(runs: list[dict], planned: list[str]) -> None:
+    """The protocols under the same defense at each point, each at its own tuned lr, paired with
+    FBN (seed 002's comparison: FBN against the others, one aggregation rule for all): no
+    defense chosen on the seeds compared, so no selection leans either way."""
+    from robustbn.labels import compact_defense, norm_words
+    from robustbn.plots import robustness_lines
+
+    by_point: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for norm, lines in robustness_lines(runs, "gamma", TUNED).items():
+        for pts in lines.values():
+            for t in pts:
+                if t["worst_acc"] is not None:
+                    by_point[(t["defense"], t.get("server_data"), t["gamma"], t["f"])][norm] = t
+    reference = planned[0]  # the matrix's first protocol: FBN, seed 002's own
+    others = [n for n in planned if n != reference]
+    rows = [(key, here) for key, here in by_point.items() if reference in here and any(n in here for n in others)]
+    print(f"The same defense for every protocol, each at its own tuned lr: the difference against "
+          f"{norm_words(reference)} (other - {norm_words(reference)}, paired over seeds; \"higher\" or \"lower\" "
+          f"only where the interval excludes 0). No defense is chosen here, so nothing leans either way; a "
+          f"defense and point where only {norm_words(reference)} has finished is left out.\n")
+    if not rows:
+        print(f"No defense has finished at the same point under {norm_words(reference)} and another protocol yet.\n")
+        return
+    print(f"| defense | gamma, f | {norm_words(reference)} | protocol: worst case, difference |")
+    print("|---|---|---|---|")
+    order = {"mean": 0}
+    for (defense, data, g, f), here in sorted(rows, key=lambda kv: (order.get(kv[0][0], 1), kv[0][0],
+                                                                     kv[0][1] or "", kv[0][2], kv[0][3])):
+        ref = here[reference]
+        for i, n in enumerate(n for n in others if n in here):
+            t = here[n]
+            name = compact_defense(defense) + (" (trusted)" if data else "")
+            print(f"| {name if i == 0 else ''} | {f'{g:g}, {f}' if i == 0 else ''} | "
+                  f"{estimate_cell(ref) if i == 0 else ''} | {norm_words(n)}: {estimate_cell(t)}, "
+                  f"{seeds_diff(t['worst_by_seed'], ref['worst_by_seed'])} |")
+    data = sorted({k[1] for k, _ in rows if k[1]})
+    print("".join(f"\n(trusted): the server's data, {d}." for d in data) + "\n")
 
 
 ABOVE_CHANCE = AT_CHANCE  # a pick within it of chance is broken: no search changes the map there
@@ -942,6 +998,29 @@ def tuning_moved() -> None:
         print(f"| {norm_words(norm)} | {gamma:g} | {f} | {'root-free' if data is None else 'trusted'} | "
               f"{compact_defense(untuned['defense'])} {bound(untuned)}{100 * at_base(untuned)['worst_acc']:.1f} | {compact_defense(tuned['defense'])} "
               f"{100 * tuned['chosen_acc']:.1f} (lr {tuned['chosen']['lr']:g}) | {moved} | {gains} |")
+    grid_edge(values["lr"], [c for cs in points.values() for c in cs])
+
+
+def grid_edge(grid: list[float], choices: list[dict]) -> None:
+    """How many settled choices sit at an end of the lr grid, where a wider grid could find a
+    better lr (ByzFL's rule is the max over the grid given), and whether their margins say so."""
+    from robustbn.labels import norm_words
+
+    low, high = min(grid), max(grid)
+    at = {edge: [c for c in choices if c["chosen"]["lr"] == edge] for edge in (low, high)}
+    edge_words = " and ".join(f"{len(cs)} at lr {edge:g} (its {'lowest' if edge == low else 'highest'})"
+                              for edge, cs in at.items())
+    broken = sum(1 for cs in at.values() for c in cs if c["chosen_acc"] <= 0.1 + ABOVE_CHANCE)
+    by_norm = defaultdict(lambda: [0, 0])
+    for c in choices:
+        by_norm[c["norm"]][c["chosen"]["lr"] in (low, high)] += 1
+    print(f"\nThe grid's edges: of the {len(choices)} choices settled, {edge_words}"
+          + (f"; {broken} of those at chance, where every lr is" if broken else "")
+          + ". Per protocol, at an edge: "
+          + ", ".join(f"{norm_words(n)} {at_edge} of {inside + at_edge}" for n, (inside, at_edge) in by_norm.items())
+          + ". A choice at an edge is the best of this grid, not necessarily the defense's best: a wider grid "
+            "(lr 0.005 or 0.2, say) could raise it, and with it the point's worst case; the curves report each "
+            "defense at the best of this grid.")
 
 
 def catalogue_coverage(gamma=0.0) -> None:
@@ -1744,8 +1823,10 @@ def page(out: Path = PAGE) -> Path:
 
     curves = curve_runs()
     planned = read(ROOT / ROBUSTNESS_MATRIX)["norm"]
-    return write_page(board_runs(), out, robustness=robustness_html(curves, TUNED, SWEEPS, tuning_status(),
-                                                                    expected_defenses, search_notes(), planned))
+    notes = pick_notes()
+    return write_page(board_runs(), out, robustness=robustness_html(
+        curves, TUNED, SWEEPS, tuning_status(), expected_defenses, notes, planned,
+        searched=lambda key: notes.get(key) == SEARCHED_WORDS))
 
 
 def page_check(outs: list[Path] = (PAGE,)) -> int:

@@ -373,7 +373,13 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
                  if name(t) == n and t["worst_acc"] is not None] for n in names}
     pct = lambda v: 100 * v
     at_x = sorted({t[x] for t in points})
-    span = (at_x[-1] - at_x[0]) or 1.0
+    gaps = np.diff(at_x)
+    # points far from evenly spaced (gamma 0, 0.1, 0.5, 1) stand at even steps, labelled with their values:
+    # else the first two crowd into one
+    even = len(at_x) < 3 or gaps.min() >= 0.5 * gaps.max()
+    where = (lambda v: v) if even else (lambda v: float(at_x.index(v)))
+    ticks = [where(v) for v in at_x]
+    span = (ticks[-1] - ticks[0]) or 1.0
     chance = 100 * chance_of(rows[0])
     width = max(4.6 * len(lines) + 1, 8.0)  # one panel: room for the caption and the legend
     fig, axes = plt.subplots(1, len(lines), figsize=(width, 4.8), sharey=True, squeeze=False, layout="constrained")
@@ -386,7 +392,7 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
             i = names.index(n)
             color = LINE_COLORS[i % len(LINE_COLORS)]
             known = [t for t in pts if t["worst_acc"] is not None]
-            xs = [t[x] for t in known]
+            xs = [where(t[x]) for t in known]
             worst = [pct(t["worst_acc"]) for t in known]
             handles[n], = ax.plot(xs, worst, color=color, marker=MARKERS[i % len(MARKERS)], markersize=5,
                                   linewidth=1.6)
@@ -397,34 +403,40 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
             ax.errorbar(xs, worst, yerr=[[w - lo for w, lo in zip(worst, low)], [hi - w for w, hi in zip(worst, high)]],
                         fmt="none", ecolor=color, elinewidth=0.8, capsize=2, alpha=0.6)
             clean = [t for t in pts if t["no_attack_acc"] is not None]
-            ax.plot([t[x] for t in clean], [pct(t["no_attack_acc"]) for t in clean], color=color, linestyle="--",
+            ax.plot([where(t[x]) for t in clean], [pct(t["no_attack_acc"]) for t in clean], color=color, linestyle="--",
                     linewidth=1.0, marker="o", markersize=4, markerfacecolor="none")  # a lone point shows too
-            for t in known if tuned else ():  # each point's own tuned values beside it
-                labels[t[x]].append((pct(t["worst_acc"]), " ".join(
-                    f"{k} {t.get(k):g}" if isinstance(t.get(k), float) else f"{k} {t.get(k)}" for k in tuned), color))
+            said = None
+            for t in known if tuned else ():  # each point's own tuned values beside it, where they change
+                words = " ".join(f"{k} {t.get(k):g}" if isinstance(t.get(k), float) else f"{k} {t.get(k)}" for k in tuned)
+                if words != said:
+                    labels[where(t[x])].append((pct(t["worst_acc"]), words, color))
+                said = words
             searched = [t for t in known if t["searched"]]  # its worst case is over more attacks than a bare point's
             if searched:
-                ax.scatter([t[x] for t in searched], [pct(t["worst_acc"]) for t in searched], marker="o", s=110,
+                ax.scatter([where(t[x]) for t in searched], [pct(t["worst_acc"]) for t in searched], marker="o", s=110,
                            facecolors="none", edgecolors="black", linewidths=1.0, zorder=4, gid="searched")
             bad = [t for t in known if t["worst_diverged"]]
             if bad:
-                ax.scatter([t[x] for t in bad], [pct(t["worst_acc"]) for t in bad], marker="x", s=70, color="black",
+                ax.scatter([where(t[x]) for t in bad], [pct(t["worst_acc"]) for t in bad], marker="x", s=70, color="black",
                            zorder=5, gid="diverged")
         for at, here in labels.items():
             _tuned_labels(ax, at, here)
         ax.set_title(norm_words(norm), fontsize=10)
-        ax.set_xlabel(x)
-        ax.set_xticks(at_x)  # the points' values, never 1.2 of f
-        ax.set_xlim(at_x[0] - 0.05 * span, at_x[-1] + 0.12 * span)  # the same in every panel, room for the lr
+        ax.set_xlabel(x if even else f"{x} (its points at even steps)")
+        ax.set_xticks(ticks, [text(v) for v in at_x])  # the points' values, never 1.2 of f
+        ax.set_xlim(ticks[0] - 0.05 * span, ticks[-1] + 0.12 * span)  # the same in every panel, room for the lr
         ax.grid(alpha=0.3)
         ax.set_ylim(0, 100)
     axes[0][0].set_ylabel("worst-case test accuracy (%)")
     handles = {n: handles[n] for n in names if n in handles}
-    words = [f"{n} ({over(min(seeds[n]), max(seeds[n]))})" if seeds[n] else n for n in handles]
+    counts = {over(min(seeds[n]), max(seeds[n])) for n in handles if seeds[n]}
+    once = len(counts) == 1 and all(seeds[n] for n in handles)  # every line on the same seeds: said once, below
+    words = [f"{n} ({over(min(seeds[n]), max(seeds[n]))})" if seeds[n] and not once else n for n in handles]
     legend = list(handles.values())
     if any(t["no_attack_acc"] is not None for t in points):
         legend.append(plt.Line2D([], [], color="gray", linestyle="--", marker="o", markerfacecolor="none"))
-        words.append("clean accuracy (no attack), the defense's color")
+        words.append("clean accuracy (no attack) at the same tuned lr, the defense's color" if tuned else
+                     "clean accuracy (no attack), the defense's color")
     legend.append(plt.Line2D([], [], color="0.5", linestyle=":"))
     words.append(f"chance ({chance:g}%)")
     if any(t["searched"] for t in points):
@@ -445,8 +457,10 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
     fig.set_size_inches(fig.get_size_inches()[0],
                         4.8 + 0.2 * (sum(w.count("\n") + 1 for w in words) + 1) // columns)
     fig.legend(legend, words, fontsize=7, loc="outside lower center", ncols=columns)
-    caption = (f"worst case over the attacks run (catalogue and confirmed searched): mean over seeds, band: "
-               f"{CLIPPED_PERCENT_WORDS}")
+    band = next(iter(counts)) if once else None
+    caption = ("worst case over the attacks run (catalogue and confirmed searched): mean over seeds, "
+               + (f"band: {CLIPPED_PERCENT_WORDS}" if not once else f"no band ({band})" if "no interval" in band
+                  else f"band: {band} (Student t), clipped to [0, 100]"))
     caption = textwrap.fill(caption, width=int(15 * width))  # about 15 characters an inch at 9 points
     fig.suptitle(f"{title}\n{caption}" if title else caption, fontsize=9)
     return fig

@@ -35,7 +35,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .channels import NOT_ATTACKS
 from .labels import (CHANNEL_WORDS, attack_short, attack_words, channels, compact_defense, hashable, is_attack,
@@ -493,16 +493,19 @@ def _map_pick(p: dict[str, Any], tuned: tuple[str, ...], note: str) -> str:
 
 def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] = ("lr",),
                     sweeps: dict[str, tuple[str, Any]] | None = None, pending: str = "",
-                    expected=None, notes: dict[tuple, str] | None = None, planned: Iterable[str] = ()) -> str:
+                    expected=None, notes: dict[tuple, str] | None = None, planned: Iterable[str] = (),
+                    searched: Callable[[tuple], bool] | None = None) -> str:
     """The robustness section: per protocol and threat model, which defense to use at each (f,
     gamma) point (robustbn.worst.defense_map, each pick at its tuned values) as an HTML table,
     then the worst case along each sweep (x: the other field held), as figures. `pending`: what
     to say where there is no run yet; `expected`: defense_map's (how many defenses a cell is to
     have); `notes`: words after a pick's tuned values, by (norm, threat, gamma, f, defense)
     (whether its attack search is confirmed). Then which BN protocol at each point
-    (robustbn.worst.protocol_map; `planned`: the protocols meant to run, those missing named)."""
+    (robustbn.worst.protocol_map; `planned`: the protocols meant to run, those missing named;
+    `searched(key)`: whether a pick's attack search is confirmed, key as `notes`', where given a
+    verdict over unsearched picks reads provisional)."""
     from .plots import figure
-    from .worst import TIED, WORSE, defense_map, map_panels, pick_head, protocol_head, protocol_map
+    from .worst import TIED, WORSE, defense_map, map_panels, pick_head, protocol_head, protocol_map, provisional
 
     e = html.escape
     if not curves:  # the sentence is markdown: its `commands` and paths as code, which may wrap anywhere
@@ -542,8 +545,10 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
                              f"({p['gap_pairs']} pairs): " if p["verdict"] == TIED else f"{p['verdict']}: ")
             shown = "".join(f"<div>{'' if i == 0 else e(gap(p))}<b>{e(norm_words(p['norm']))}</b> "
                             f"{e(_map_pick(p, tuned, note(p)))}</div>" for i, p in enumerate(c["protocols"]))
+            head = protocol_head(c, chance, planned) + ("" if searched is None else provisional(
+                c, lambda p: searched((p["norm"], c["threat"], c["gamma"], c["f"], p["defense"]))))
             rows.append(f'<tr><td>{c["gamma"]:g}</td><td>{c["f"]}</td>'
-                        f'<td><b>{e(protocol_head(c, chance, planned))}</b></td><td>{shown}</td></tr>')
+                        f'<td><b>{e(head)}</b></td><td>{shown}</td></tr>')
         if rows:
             data = sorted({c["threat"] for c in cells if c["threat"]})
             model = f"{TRUSTED} ({', '.join(data)})" if trusted else ROOT_FREE

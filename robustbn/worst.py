@@ -327,7 +327,8 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tune
     has no attacker and is left out. Each cell: norm, threat (the server data, None for
     root-free), x, y, verdict (BEST, TIED, ONLY, or "n seeds, no verdict" where fewer than
     MIN_PAIRS seeds pair, the highest worst case its pick, as on the leaderboard), picks
-    (the defenses: defense, worst_acc, ci_low, ci_high, seeds, worst_attack), defenses (how
+    (the defenses: defense, worst_acc, ci_low, ci_high, seeds, worst_attack,
+    worst_by_seed, no_attack_acc), defenses (how
     many ran there) and runner_up (where one defense is best: the closest other, as a pick, with
     its gap, best - it, and the gap's interval and pairs; else None). `tuned` (as `worst_case`): each pick carries its values of them.
     `expected(norm, threat, x value, y value)`: how many defenses the cell is to have; where
@@ -357,7 +358,7 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tune
         rest = [t for t in ts if t not in picks and t["gap"] is not None]
         close = min(rest, key=lambda t: t["gap"], default=None) if verdict == BEST else None
         shown = lambda t: {**{k: t[k] for k in ("defense", "worst_acc", "ci_low", "ci_high", "seeds", "worst_attack",
-                                                "worst_by_seed")},
+                                                "worst_by_seed", "no_attack_acc")},
                            **{k: t.get(k) for k in tuned}}
         out.append({"norm": norm, "threat": data, x: ts[0][x], y: ts[0][y], "verdict": verdict, "defenses": len(ts),
                     "picks": [shown(t) for t in picks],
@@ -374,10 +375,10 @@ def protocol_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tun
     defenses, NO_PICK_YET, is left out), the protocols ranked by the paired rule (`paired_rank`,
     over the seeds of each one's worst attack: a seed fixes the data split and the initial
     model, whatever the protocol). Each cell: threat, x, y, verdict (BEST, TIED, "n seeds, no
-    verdict", or None where one protocol is there), protocols (highest first: norm, the pick's
-    fields, verdict, gap, gap_low, gap_high, gap_pairs: best - it, paired). A protocol's defense
-    is chosen on the seeds it is compared on: one with several defenses near its top gains a
-    little from it."""
+    verdict" where fewer than MIN_PAIRS seeds pair, or None where one protocol is there),
+    protocols (highest first: norm, the pick's fields, verdict, gap, gap_low, gap_high,
+    gap_pairs: best - it, paired). A protocol's defense is chosen on the seeds it is compared
+    on: one with several defenses near its top gains a little from it."""
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for c in defense_map(rows, x, y, tuned, expected):
         if not c["verdict"].endswith(NO_PICK_YET):
@@ -390,7 +391,8 @@ def protocol_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tun
         if len(ps) >= 2:
             paired_rank(ps, lambda p: p["worst_by_seed"])
         ps.sort(key=lambda p: (-p["worst_acc"], norm_order(p["norm"])))
-        out.append({"threat": threat, x: ps[0][x], y: ps[0][y], "verdict": ps[0]["verdict"],
+        few = too_few(min((p["gap_pairs"] for p in ps if p["gap_pairs"] is not None), default=None))
+        out.append({"threat": threat, x: ps[0][x], y: ps[0][y], "verdict": few or ps[0]["verdict"],
                     "protocols": [{k: v for k, v in p.items() if k not in (x, y)} for p in ps]})
     out.sort(key=lambda c: (c["threat"] is not None, sort_key(c[x]), sort_key(c[y])))
     return out
@@ -449,18 +451,27 @@ def pick_head(cell: dict[str, Any], chance: float | None = None) -> str:
 
 def protocol_head(cell: dict[str, Any], chance: float | None = None, planned: Iterable[str] = ()) -> str:
     """A `protocol_map` cell's verdict in a few words: "use FBN", "2 tied", "none works (at
-    chance)", "only FBN run"; `planned`: the protocols meant to be there, those missing named
-    ("FBN above (of those run; FixBN not yet)": the missing may stand above it)."""
+    chance)", "only FBN finished"; `planned`: the protocols meant to be there, those missing
+    named ("FBN above (of those finished; FixBN not yet)": the missing may stand above it)."""
     ps, verdict = cell["protocols"], cell["verdict"]
     lead = norm_words(ps[0]["norm"])
     missing = [norm_words(n) for n in planned if n not in {p["norm"] for p in ps}]
     later = f"{', '.join(missing)} not yet"
     at_chance = chance is not None and all(p["worst_acc"] <= chance + AT_CHANCE for p in ps)
     if len(ps) == 1:
-        return f"only {lead} run" + (", at chance" if at_chance else "") + (f" ({later})" if missing else "")
+        return f"only {lead} finished" + (", at chance" if at_chance else "") + (f" ({later})" if missing else "")
     if verdict in (BEST, TIED) and at_chance:
         head = "none works (at chance)"
     else:
         head = {BEST: f"use {lead}" if not missing else f"{lead} above",
                 TIED: f"{sum(p['verdict'] == TIED for p in ps)} tied"}.get(verdict, verdict)
-    return head + (f" (of those run; {later})" if missing else "")
+    return head + (f" (of those finished; {later})" if missing else "")
+
+
+def provisional(cell: dict[str, Any], searched: Callable[[dict[str, Any]], bool]) -> str:
+    """Words after a `protocol_map` verdict that compares protocols whose picks an attack
+    search has not confirmed (`searched(pick)`): "; provisional: FBN on the catalogue's attacks
+    only" (a search could lower such a pick and turn the verdict); "" otherwise."""
+    ps = cell["protocols"]
+    open_ = [norm_words(p["norm"]) for p in ps if not searched(p)]
+    return f"; provisional: {', '.join(open_)} on the catalogue's attacks only" if len(ps) > 1 and open_ else ""

@@ -451,7 +451,7 @@ def test_the_robustness_section_maps_the_picks_at_their_tuned_values(tmp_path):
     assert re.findall(r"\(5 seeds; lr [0-9.]+, not searched yet\)", noted) == \
         [f"(5 seeds; lr {p['lr']}, not searched yet)"] * 2
     (protocols,) = re.findall(r'<table class="map protocols">.*?</table>', page)
-    assert re.findall(r"<td><b>(.*?)</b></td>", protocols) == ["only FBN run", "only FBN run"]
+    assert re.findall(r"<td><b>(.*?)</b></td>", protocols) == ["only FBN finished", "only FBN finished"]
     assert robustness_html([], pending="Not run yet.") == "<p>Not run yet.</p>"
     assert robustness_html([], pending="Run `robustbn tune a<b.toml`.") == \
         "<p>Run <code>robustbn tune a&lt;b.toml</code>.</p>"
@@ -477,7 +477,9 @@ def test_the_robustness_section_names_the_protocol_to_use_at_each_point(tmp_path
     assert row[1].startswith("<div><b>FBN</b> mean 52.0 [") and \
         "<div>lower by 20.0 [20.0, 20.0] (5 pairs): <b>naive BN</b> mean 32.0 [" in row[1]
     planned = robustness_html(rows, ("lr",), planned=["fbn", "naive", "fixbn"])
-    assert "<b>FBN above (of those run; FixBN not yet)</b>" in planned
+    assert "<b>FBN above (of those finished; FixBN not yet)</b>" in planned
+    searched = robustness_html(rows, ("lr",), searched=lambda key: key[0] == "fbn")  # naive BN's pick not searched
+    assert "<b>use FBN; provisional: naive BN on the catalogue&#x27;s attacks only</b>" in searched
 
 
 def test_a_tie_is_named_while_another_row_lacks_seeds():

@@ -282,7 +282,8 @@ def test_the_protocol_map_pairs_each_protocols_top_defense_by_seed(tmp_path, mon
     """protocol_map: at each point each protocol stands at its highest defense there; the
     protocols are compared by the paired rule (naive BN above FBN at gamma 0, where it wins on
     every seed; tied at gamma 1, where the seeds disagree), a planned protocol with no run is
-    named as not yet run, and one protocol alone reads "only ... run"."""
+    named as not yet finished, and one protocol alone reads "only ... finished"; then each defense
+    under both protocols, paired against FBN."""
     sys.path.insert(0, str(ROOT / "docs"))
     sys.path.insert(0, str(ROOT / "tests"))
     import tables
@@ -315,15 +316,35 @@ def test_the_protocol_map_pairs_each_protocols_top_defense_by_seed(tmp_path, mon
     robust = "mean (grad), nnm+median (BN)"
     at = lambda head: out.index(next(line for line in out if line.startswith(head)))
     i = at("| 0, 3 |")
-    assert out[i].startswith(f"| 0, 3 | naive BN above (of those run; FixBN not yet) | naive BN ({robust}): 60.2 [")
+    provisional = "; provisional: naive BN, FBN on the catalogue's attacks only"  # no search confirmed here
+    assert out[i].startswith(f"| 0, 3 | naive BN above (of those finished; FixBN not yet){provisional} | "
+                             f"naive BN ({robust}): 60.2 [")
     assert out[i + 1].startswith(f"|  | lower by 20.0 [20.0, 20.0] (5 pairs) | FBN ({robust}): 40.2 [")
     j = at("| 1, 3 |")
-    assert out[j].startswith("| 1, 3 | 2 tied (of those run; FixBN not yet) | ")
+    assert out[j].startswith(f"| 1, 3 | 2 tied (of those finished; FixBN not yet){provisional} | ")
     assert out[j + 1].startswith(f"|  | tied, gap 0.0 [-3.2, 3.2] (5 pairs) | FBN ({robust}): 50.2 [")
     assert next(line for line in out if line.startswith("| 0.1, 1 |")).startswith(
-        "| 0.1, 1 | only FBN run (naive BN, FixBN not yet) | FBN (mean): 30.2 [")
+        "| 0.1, 1 | only FBN finished (naive BN, FixBN not yet) | FBN (mean): 30.2 [")
     assert next(line for line in out if line.startswith("| 0.1, 2 |")).startswith(
-        "| 0.1, 2 | only FBN run, at chance (naive BN, FixBN not yet) | FBN (mean): 10.0 [")
+        "| 0.1, 2 | only FBN finished, at chance (naive BN, FixBN not yet) | FBN (mean): 10.0 [")
+    # the same defense under both protocols, no choice made: naive BN - FBN, paired, at (0, 3) the undefended mean
+    assert next(line for line in out if line.startswith("| mean | 0, 3 |")).endswith(
+        "| naive BN: 40.2 [37.8, 42.6] (5 seeds), +20.0 [20.0, 20.0] (5 pairs; higher) |")
+
+
+def test_grid_edge_counts_the_choices_at_either_end_of_the_grid(capsys):
+    """grid_edge: choices at the grid's lowest and highest lr counted, those at chance among
+    them, and per protocol how many sit at an edge."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    import tables
+
+    choice = lambda norm, lr, acc: {"norm": norm, "chosen": {"lr": lr}, "chosen_acc": acc}
+    tables.grid_edge([0.01, 0.05, 0.1], [choice("fbn", 0.01, 0.1), choice("fbn", 0.05, 0.6), choice("fbn", 0.1, 0.7),
+                                         choice("naive", 0.1, 0.5)])
+    out = capsys.readouterr().out
+    assert "of the 4 choices settled, 1 at lr 0.01 (its lowest) and 2 at lr 0.1 (its highest); 1 of those at chance" \
+        in out
+    assert "Per protocol, at an edge: FBN 2 of 3, naive BN 1 of 1." in out
 
 
 def test_curve_searches_pass_over_a_tied_pick_at_chance(tmp_path, monkeypatch, capsys):
