@@ -224,6 +224,33 @@ def leaderboard() -> None:
     print(markdown(board(board_runs())))
 
 
+def board_protocols() -> None:
+    """Which BN protocol on the board (robustbn.worst.protocol_map over the board's runs): per
+    gamma and threat model, each protocol at its highest row, compared by the paired rule."""
+    from robustbn.labels import norm_order
+    from robustbn.report import leaderboard as board
+    from robustbn.stats import chance as chance_of
+    from robustbn.worst import protocol_map
+
+    from robustbn.worst import server_data
+
+    runs = board_runs()
+    # a protocol is meant to be in a threat model where it has a row there at any gamma (FedTAN has no trusted one)
+    planned = {trusted: sorted({r["norm"] for r in runs if bool(server_data(r)) == trusted}, key=norm_order)
+               for trusted in (False, True)}
+    searched = {(r["norm"], r["defense"], r["server_data"], g) for g in sorted({r["gamma"] for r in runs})
+                for r in board(runs, g).rows if r["searched"]}
+    found = lambda c, t: (t["norm"], t["defense"], c["threat"], c["gamma"]) in searched
+    print("Each protocol at its highest row of the board (lr 0.05), the protocols compared by the same paired rule "
+          "over seeds (a seed fixes the data split and the initial model); the verdict on the first row, under it "
+          "each other protocol, \"lower by\" its paired gap where the interval excludes 0, else \"tied\". Each "
+          "protocol's row is chosen on the seeds it is compared on. \"searched\": a confirmed search's attack is "
+          "among its attacks; a verdict over a row without one is provisional. Gamma = 1 stands on 2 seeds: no "
+          "verdict there.\n")
+    protocol_tables(protocol_map(runs), chance_of(runs[0]), planned,
+                    lambda c, t: ", searched" if found(c, t) else "", found)
+
+
 # ---- robustness curves (issue 40) ------------------------------------------------------------
 
 ROBUSTNESS_MATRIX = "scenarios/robustness_fmnist.toml"
@@ -690,10 +717,8 @@ def protocol_map() -> None:
     """Which BN protocol where (robustbn.worst.protocol_map): at each point and threat model, each
     protocol at its highest defense there, compared by the board's paired rule over seeds 0-4;
     then the protocols under one defense each, chosen by no one (seed 002's comparison)."""
-    from robustbn.labels import compact_defense, norm_words
     from robustbn.matrix import read
     from robustbn.stats import chance as chance_of
-    from robustbn.worst import TIED, WORSE, protocol_head, provisional
     from robustbn.worst import protocol_map as ranked
 
     runs = curve_runs()
@@ -714,29 +739,43 @@ def protocol_map() -> None:
           "(no search confirmed against it: one could lower it and turn the verdict). Each row: the worst case "
           "(%) [95% interval] (seeds; tuned lr, \"searched\" where a confirmed search's attack is among those run; "
           "clean: the same defense and lr without attack, to tell \"trains worse\" from \"is attacked worse\").\n")
-    cells = ranked(runs, "gamma", "f", TUNED, expected_defenses)
+    note = lambda c, t: notes.get((t["norm"], c["threat"], c["gamma"], c["f"], t["defense"]), "")
+    protocol_tables(ranked(runs, "gamma", "f", TUNED, expected_defenses), chance, {False: planned, True: planned},
+                    lambda c, t: f"; lr {t['lr']:g}{MAP_SEARCH_WORDS.get(note(c, t), note(c, t))}",
+                    lambda c, t: note(c, t) == SEARCHED_WORDS)
+    same_defense(runs, planned)
+
+
+def protocol_tables(cells: list[dict], chance: float, planned: dict[bool, list[str]], words, searched) -> None:
+    """protocol_map's cells as a table per threat model, a row per protocol (a phone's width):
+    `planned[trusted]` the protocols meant to be in that threat model, `words(cell, pick)` after
+    each worst case's seeds (its lr, whether searched), `searched(cell, pick)` whether its attack
+    search is confirmed (else the verdict is provisional). Where the cell has no verdict (too few
+    pairs), the rows give the gap alone."""
+    from robustbn.labels import compact_defense, norm_words
+    from robustbn.worst import BEST, TIED, WORSE, protocol_head, provisional
+
     for trusted in (False, True):
         here = [c for c in cells if (c["threat"] is not None) == trusted]
         if not here:
             continue
+        planned_here = planned[trusted]
         data = sorted({c["threat"] for c in here if c["threat"]})
         print(f"{'Trusted server data (' + ', '.join(data) + ')' if trusted else 'Root-free'}, "
-              f"{sum(len(c['protocols']) for c in here)} of {len(planned) * len(here)} protocol points finished:\n")
+              f"{sum(len(c['protocols']) for c in here)} of {len(planned_here) * len(here)} protocol points finished:\n")
         print("| gamma, f | verdict | protocol (its defense): worst case |")
         print("|---|---|---|")
         for c in here:
-            g, f, threat = c["gamma"], c["f"], c["threat"]
-            note = lambda t: notes.get((t["norm"], threat, g, f, t["defense"]), "")
             for i, t in enumerate(c["protocols"]):
-                verdict = protocol_head(c, chance, planned) + provisional(c, lambda p: note(p) == SEARCHED_WORDS) \
-                    if i == 0 else f"lower by {gap_cell(t)}" if t["verdict"] == WORSE else \
-                    f"tied, gap {gap_cell(t)}" if t["verdict"] == TIED else t["verdict"]
+                judged = c["verdict"] in (BEST, TIED)
+                verdict = protocol_head(c, chance, planned_here) + (provisional(c, lambda p: searched(c, p)) * judged) \
+                    if i == 0 else f"gap {gap_cell(t)}" if not judged else f"lower by {gap_cell(t)}" \
+                    if t["verdict"] == WORSE else f"tied, gap {gap_cell(t)}" if t["verdict"] == TIED else t["verdict"]
                 clean = "" if t.get("no_attack_acc") is None else f"; clean {100 * t['no_attack_acc']:.1f}"
-                words = estimate_cell(t)[:-1] + f"; lr {t['lr']:g}{MAP_SEARCH_WORDS.get(note(t), note(t))}{clean})"
-                print(f"| {f'{g:g}, {f}' if i == 0 else ''} | {verdict} | {norm_words(t['norm'])} "
-                      f"({compact_defense(t['defense'])}): {words} |")
+                point = f"{c['gamma']:g}, {c['f']}" if i == 0 else ""
+                print(f"| {point} | {verdict} | {norm_words(t['norm'])} "
+                      f"({compact_defense(t['defense'])}): {estimate_cell(t)[:-1]}{words(c, t)}{clean}) |")
         print()
-    same_defense(runs, planned)
 
 
 def same_defense(runs: list[dict], planned: list[str]) -> None:

@@ -332,6 +332,32 @@ def test_the_protocol_map_pairs_each_protocols_top_defense_by_seed(tmp_path, mon
         "| naive BN: 40.2 [37.8, 42.6] (5 seeds), +20.0 [20.0, 20.0] (5 pairs; higher) |")
 
 
+def test_protocol_tables_give_no_verdict_below_five_pairs(tmp_path, capsys):
+    """protocol_tables on two seeds: the cell says "2 seeds, no verdict" and its rows give the
+    paired gap alone, never "lower by" (the pages give no verdict on fewer than 5 pairs), and no
+    "provisional" where there is no verdict to hold back."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import tables
+    from test_worst_case import ATTACKS, DEFENSES, add
+
+    from robustbn.store import Store
+    from robustbn.worst import protocol_map
+
+    with Store(tmp_path / "b.sqlite") as store:
+        for seed in range(2):
+            for norm, level in (("naive", 0.3), ("fbn", 0.6)):
+                add(store, level + 0.01 * seed, norm=norm, f=3, gamma=0.0, seed=seed, **DEFENSES["mean"],
+                    **ATTACKS["sf-mean"])
+        runs = store.rows()
+    tables.protocol_tables(protocol_map(runs), 0.1, {False: ["fbn", "naive"], True: []}, lambda c, t: "",
+                           lambda c, t: False)
+    out = capsys.readouterr().out
+    assert "| 0, 3 | 2 seeds, no verdict | FBN (mean): 60.5 [" in out
+    assert "|  | gap 30.0 [30.0, 30.0] (2 pairs) | naive BN (mean): 30.5 [" in out
+    assert "lower by" not in out and "provisional" not in out
+
+
 def test_grid_edge_counts_the_choices_at_either_end_of_the_grid(capsys):
     """grid_edge: choices at the grid's lowest and highest lr counted, those at chance among
     them, and per protocol how many sit at an edge."""
