@@ -42,8 +42,8 @@ from .labels import (CHANNEL_WORDS, attack_short, attack_words, channels, compac
                      norm_order, norm_words, text)
 from .stats import CLIPPED_PERCENT_WORDS, DIVERGED_WORDS, MIN_PAIRS, PAIRED_WORDS, accuracy, too_few
 from .stats import chance as chance_of
-from .worst import (BEST, DEFENSE_FIELDS, SEARCHED, SEARCHED_PREFIX, TIED, WORSE, matrix_rows, setting_groups,
-                    worst_case)
+from .worst import (BEST, DEFENSE_FIELDS, SEARCHED, SEARCHED_PREFIX, TIED, WORSE, matrix_rows, protocol_map,
+                    setting_groups, worst_case)
 
 CATALOGUE_MATRIX = "scenarios/worst_case_fmnist.toml"
 CLEAN_MATRIX = "scenarios/clean_worst_case_fmnist.toml"
@@ -117,6 +117,8 @@ class Board:
     absent: list[tuple[str, str]] = field(default_factory=list)
     gamma: float = 0.0
     setup: dict[str, list] = field(default_factory=dict)
+    protocols: list[dict[str, Any]] | None = None  # robustbn.worst.protocol_map's cells; None: several settings
+    chance: float | None = None  # 1 / classes
 
     @property
     def lines(self) -> list[str]:
@@ -193,7 +195,12 @@ def leaderboard(rows: list[dict[str, Any]], gamma: float = 0.0) -> Board:
     setup["attacked"] = [c for c in CHANNEL_WORDS if any(
         chans.get(c, ("none",))[0] not in NOT_ATTACKS for r in rows if r.get("f") for chans in [channels(r)])]
     setup["server_data"] = sorted({r["server_data"] for r in out if r.get("server_data")})
-    return Board(out, picks, [(p, reason) for p, reason in ABSENT.items() if p not in norms], gamma, setup)
+    try:  # which BN protocol: each at its highest row, paired across protocols (one setting per cell)
+        protocols = protocol_map(rows) if out else []
+    except ValueError:
+        protocols = None
+    return Board(out, picks, [(p, reason) for p, reason in ABSENT.items() if p not in norms], gamma, setup,
+                 protocols, chance_of(rows[0]) if rows else None)
 
 
 def pct(v: float | None) -> str:
@@ -491,6 +498,66 @@ def _map_pick(p: dict[str, Any], tuned: tuple[str, ...], note: str) -> str:
             f"{'' if interval else ', no interval'}; {', '.join(f'{k} {p[k]}' for k in tuned)}{note})")
 
 
+def board_protocols_html(board: Board) -> str:
+    """Which BN protocol on the board: protocols_html over the board's protocol_map cells, a
+    pick "searched" where a confirmation file's runs are among its attacks."""
+    if board.protocols is None:
+        return ("<p>The rows hold several settings at one point: compare protocols with <code>robustbn results "
+                "--worst-case --by-protocol</code>.</p>")
+    if not board.protocols:
+        return "<p>No attacked row yet.</p>"
+    searched = {(r["norm"], r["defense"], r["server_data"]) for r in board.rows if r["searched"]}
+    found = lambda c, p: (p["norm"], p["defense"], c["threat"]) in searched
+    planned = {t: sorted({r["norm"] for r in board.rows if bool(r["server_data"]) == t}, key=norm_order)
+               for t in (False, True)}
+    return protocols_html(board.protocols, board.chance, planned,
+                          lambda c, p: ", searched" if found(c, p) else "", found)
+
+
+def _protocol_pick(p: dict[str, Any], words: str) -> str:
+    """A protocol's pick: "dnc 44.7 [8.1, 81.3] (5 seeds, searched; clean 76.4)"."""
+    interval = "" if p["ci_low"] is None or p["ci_high"] is None else f" [{pct(p['ci_low'])}, {pct(p['ci_high'])}]"
+    clean = "" if p.get("no_attack_acc") is None else f"; clean {pct(p['no_attack_acc'])}"
+    return (f"{compact_defense(p['defense'])} {pct(p['worst_acc'])}{interval} ({p['seeds']} "
+            f"seed{'s' * (p['seeds'] != 1)}{'' if interval else ', no interval'}{words}{clean})")
+
+
+def protocols_html(cells: list[dict[str, Any]], chance: float | None, planned: dict[bool, Iterable[str]],
+                   words: Callable[[dict, dict], str], searched: Callable[[dict, dict], bool] | None = None) -> str:
+    """`robustbn.worst.protocol_map`'s cells as a table per threat model: a row per point, its
+    verdict, then each protocol at its highest defense (`words(cell, pick)` after its seeds: its
+    tuned values, whether searched), each below the first with its paired gap ("lower by" or
+    "tied" only where the cell has a verdict). `planned[trusted]`: the protocols meant to be in
+    that threat model; `searched(cell, pick)`: whether a pick's attack search is confirmed (a
+    verdict over others is provisional)."""
+    from .worst import protocol_head, provisional
+
+    e = html.escape
+    out = []
+    for trusted in (False, True):
+        rows = []
+        for c in (c for c in cells if (c["threat"] is not None) == trusted):
+            judged = c["verdict"] in (BEST, TIED)
+            span = lambda p: f"{pct(p['gap'])} [{pct(p['gap_low'])}, {pct(p['gap_high'])}] ({p['gap_pairs']} pairs): "
+            gap = lambda p: (f"gap {span(p)}" if not judged else f"lower by {span(p)}" if p["verdict"] == WORSE
+                             else f"tied, gap {span(p)}" if p["verdict"] == TIED else f"{p['verdict']}: ")
+            shown = "".join(f"<div>{'' if i == 0 else e(gap(p))}<b>{e(norm_words(p['norm']))}</b> "
+                            f"{e(_protocol_pick(p, words(c, p)))}</div>" for i, p in enumerate(c["protocols"]))
+            head = protocol_head(c, chance, planned[trusted]) + ("" if searched is None or not judged else
+                                                                 provisional(c, lambda p: searched(c, p)))
+            rows.append(f'<tr><td>{c["gamma"]:g}</td><td>{c["f"]}</td><td><b>{e(head)}</b></td><td>{shown}</td></tr>')
+        if rows:
+            data = sorted({c["threat"] for c in cells if c["threat"]})
+            model = f"{TRUSTED} ({', '.join(data)})" if trusted else ROOT_FREE
+            out.append(f'<div class="scroll"><table class="map protocols"><caption>Which BN protocol, {e(model)}: each '
+                       f'protocol at its highest defense at the point, compared by the same paired rule over seeds '
+                       f'(the defense chosen on the seeds it is compared on); clean: the same defense without attack'
+                       f'</caption><thead><tr><th scope="col">gamma</th><th scope="col">f</th><th scope="col">verdict'
+                       f'</th><th scope="col">protocol: its defense</th></tr></thead><tbody>{"".join(rows)}</tbody>'
+                       f'</table></div>')
+    return "".join(out)
+
+
 def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] = ("lr",),
                     sweeps: dict[str, tuple[str, Any]] | None = None, pending: str = "",
                     expected=None, notes: dict[tuple, str] | None = None, planned: Iterable[str] = (),
@@ -534,29 +601,10 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
                    f'gradients, (BN): on the BN mean and variance</caption><thead><tr><th scope="col">gamma</th>'
                    f'<th scope="col">f</th><th scope="col">verdict</th><th scope="col">defense</th></tr></thead>'
                    f'<tbody>{"".join(rows)}</tbody></table></div>')
-    cells = protocol_map(curves, "gamma", "f", tuned, expected)
-    for trusted in (False, True):
-        rows = []
-        for c in (c for c in cells if (c["threat"] is not None) == trusted):
-            note = lambda p: (notes or {}).get((p["norm"], c["threat"], c["gamma"], c["f"], p["defense"]), "")
-            gap = lambda p: (f"lower by {pct(p['gap'])} [{pct(p['gap_low'])}, {pct(p['gap_high'])}] "
-                             f"({p['gap_pairs']} pairs): " if p["verdict"] == WORSE else
-                             f"tied, gap {pct(p['gap'])} [{pct(p['gap_low'])}, {pct(p['gap_high'])}] "
-                             f"({p['gap_pairs']} pairs): " if p["verdict"] == TIED else f"{p['verdict']}: ")
-            shown = "".join(f"<div>{'' if i == 0 else e(gap(p))}<b>{e(norm_words(p['norm']))}</b> "
-                            f"{e(_map_pick(p, tuned, note(p)))}</div>" for i, p in enumerate(c["protocols"]))
-            head = protocol_head(c, chance, planned) + ("" if searched is None else provisional(
-                c, lambda p: searched((p["norm"], c["threat"], c["gamma"], c["f"], p["defense"]))))
-            rows.append(f'<tr><td>{c["gamma"]:g}</td><td>{c["f"]}</td>'
-                        f'<td><b>{e(head)}</b></td><td>{shown}</td></tr>')
-        if rows:
-            data = sorted({c["threat"] for c in cells if c["threat"]})
-            model = f"{TRUSTED} ({', '.join(data)})" if trusted else ROOT_FREE
-            out.append(f'<div class="scroll"><table class="map protocols"><caption>Which BN protocol, {e(model)}: each protocol '
-                       f'at its highest defense at the point, compared by the same paired rule over seeds (the '
-                       f'defense chosen on the seeds it is compared on)</caption><thead><tr><th scope="col">gamma'
-                       f'</th><th scope="col">f</th><th scope="col">verdict</th><th scope="col">protocol: its defense'
-                       f'</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
+    key = lambda c, p: (p["norm"], c["threat"], c["gamma"], c["f"], p["defense"])
+    out.append(protocols_html(protocol_map(curves, "gamma", "f", tuned, expected), chance, {False: planned, True: planned},
+                              lambda c, p: "; " + ", ".join(f"{k} {p[k]}" for k in tuned) + (notes or {}).get(key(c, p), ""),
+                              None if searched is None else lambda c, p: searched(key(c, p))))
     for x, (held, value) in (sweeps or {}).items():
         along = [r for r in curves if r.get(held) == value]
         if len({r.get(x) for r in along}) > 1:
@@ -600,6 +648,7 @@ def render_html(board: Board, images: list[tuple[str, str]] = (), title: str = "
             f"<style>{CSS}</style></head><body><h1>{e(title)}</h1>"
             f"<p>Which defense to use with which BN protocol, and how bad it can get.</p>{setup_html(board)}"
             f"<h2>Which defense to use</h2>{recommendations_html(board)}"
+            f"<h2>Which BN protocol</h2>{board_protocols_html(board)}"
             f"<h2>The leaderboard</h2><p>gamma = {board.gamma}. {e(NOTE)}</p>"
             f'<div class="scroll"><table id="leaderboard"><caption>One row per protocol and defense; rows by protocol, '
             f"then the highest worst case first. Sort by a column with its header button; open a row's runs below "

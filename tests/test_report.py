@@ -187,6 +187,35 @@ def test_recommendations_per_threat_model_follow_the_verdicts(setup):
     assert all(reason for _, reason in board.absent)
 
 
+def test_the_board_compares_the_protocols_each_at_its_highest_row(setup):
+    """Board.protocols: naive BN and FBN each at their highest root-free row, paired by seed as
+    scipy pairs them; FBN alone has a trusted row (naive BN none: not waited for); the page's
+    section holds the verdict back as provisional over the picks no search was confirmed
+    against."""
+    import re
+
+    from robustbn.report import board_protocols_html
+
+    board = board_of(setup)
+    (free,) = [c for c in board.protocols if c["threat"] is None]
+    top = {p["norm"]: p for p in free["protocols"]}
+    for norm in ("naive", "fbn"):  # each protocol's highest row of the board
+        best = max((r for r in board.rows if r["norm"] == norm and not r["server_data"]), key=lambda r: r["worst_acc"])
+        assert (top[norm]["defense"], top[norm]["worst_acc"]) == (best["defense"], pytest.approx(best["worst_acc"]))
+    low, high = free["protocols"][0], free["protocols"][1]
+    pairs = [low["worst_by_seed"][k] - high["worst_by_seed"][k] for k in high["worst_by_seed"]]
+    ci = stats.t.interval(0.95, len(pairs) - 1, loc=sum(pairs) / len(pairs), scale=stats.sem(pairs))
+    assert (high["gap"], high["gap_low"], high["gap_high"]) == pytest.approx((sum(pairs) / len(pairs), *ci))
+    (trusted,) = [c for c in board.protocols if c["threat"] is not None]
+    assert [p["norm"] for p in trusted["protocols"]] == ["fbn"]
+    page = board_protocols_html(board)
+    heads = re.findall(r"<td><b>(.*?)</b></td>", page)
+    assert heads[1] == "only FBN finished"  # naive BN has no trusted row at all: nothing is missing
+    # FBN's top (trmean on the statistics) has no search here (the fixture searched its nnm+median row)
+    assert top["fbn"]["defense"] == "mean on the gradients, trmean on the mean and variance"
+    assert heads[0] == "2 tied; provisional: FBN, naive BN on the catalogue&#x27;s attacks only"
+
+
 def test_use_lines_never_outrun_the_verdict(setup):
     """Every recommendation says "use" exactly where its row's verdict is best, and a tie names
     every row tied for best of its protocol and threat model."""
