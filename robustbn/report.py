@@ -572,7 +572,7 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
     `searched(key)`: whether a pick's attack search is confirmed, key as `notes`', where given a
     verdict over unsearched picks reads provisional)."""
     from .plots import figure
-    from .worst import TIED, WORSE, defense_map, map_panels, pick_head, protocol_head, protocol_map, provisional
+    from .worst import defense_map, map_panels, pick_head, protocol_map
 
     e = html.escape
     if not curves:  # the sentence is markdown: its `commands` and paths as code, which may wrap anywhere
