@@ -753,7 +753,7 @@ def protocol_tables(cells: list[dict], chance: float, planned: dict[bool, list[s
     search is confirmed (else the verdict is provisional). Where the cell has no verdict (too few
     pairs), the rows give the gap alone."""
     from robustbn.labels import compact_defense, norm_words
-    from robustbn.worst import BEST, TIED, WORSE, protocol_head, provisional
+    from robustbn.worst import gap_words, protocol_head, provisional
 
     for trusted in (False, True):
         here = [c for c in cells if (c["threat"] is not None) == trusted]
@@ -767,10 +767,8 @@ def protocol_tables(cells: list[dict], chance: float, planned: dict[bool, list[s
         print("|---|---|---|")
         for c in here:
             for i, t in enumerate(c["protocols"]):
-                judged = c["verdict"] in (BEST, TIED)
-                verdict = protocol_head(c, chance, planned_here) + (provisional(c, lambda p: searched(c, p)) * judged) \
-                    if i == 0 else f"gap {gap_cell(t)}" if not judged else f"lower by {gap_cell(t)}" \
-                    if t["verdict"] == WORSE else f"tied, gap {gap_cell(t)}" if t["verdict"] == TIED else t["verdict"]
+                verdict = protocol_head(c, chance, planned_here) + provisional(c, lambda p: searched(c, p)) \
+                    if i == 0 else gap_words(c, t)
                 clean = "" if t.get("no_attack_acc") is None else f"; clean {100 * t['no_attack_acc']:.1f}"
                 point = f"{c['gamma']:g}, {c['f']}" if i == 0 else ""
                 print(f"| {point} | {verdict} | {norm_words(t['norm'])} "

@@ -530,20 +530,16 @@ def protocols_html(cells: list[dict[str, Any]], chance: float | None, planned: d
     "tied" only where the cell has a verdict). `planned[trusted]`: the protocols meant to be in
     that threat model; `searched(cell, pick)`: whether a pick's attack search is confirmed (a
     verdict over others is provisional)."""
-    from .worst import protocol_head, provisional
+    from .worst import gap_words, protocol_head, provisional
 
     e = html.escape
     out = []
     for trusted in (False, True):
         rows = []
         for c in (c for c in cells if (c["threat"] is not None) == trusted):
-            judged = c["verdict"] in (BEST, TIED)
-            span = lambda p: f"{pct(p['gap'])} [{pct(p['gap_low'])}, {pct(p['gap_high'])}] ({p['gap_pairs']} pairs): "
-            gap = lambda p: (f"gap {span(p)}" if not judged else f"lower by {span(p)}" if p["verdict"] == WORSE
-                             else f"tied, gap {span(p)}" if p["verdict"] == TIED else f"{p['verdict']}: ")
-            shown = "".join(f"<div>{'' if i == 0 else e(gap(p))}<b>{e(norm_words(p['norm']))}</b> "
+            shown = "".join(f"<div>{'' if i == 0 else e(gap_words(c, p)) + ': '}<b>{e(norm_words(p['norm']))}</b> "
                             f"{e(_protocol_pick(p, words(c, p)))}</div>" for i, p in enumerate(c["protocols"]))
-            head = protocol_head(c, chance, planned[trusted]) + ("" if searched is None or not judged else
+            head = protocol_head(c, chance, planned[trusted]) + ("" if searched is None else
                                                                  provisional(c, lambda p: searched(c, p)))
             rows.append(f'<tr><td>{c["gamma"]:g}</td><td>{c["f"]}</td><td><b>{e(head)}</b></td><td>{shown}</td></tr>')
         if rows:

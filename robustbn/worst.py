@@ -87,8 +87,8 @@ from .labels import (
     text,
     varying,
 )
-from .stats import (ACCURACY, Estimate, accuracy, by_seed, code_versions, distinct, interval, no_verdict, paired,
-                    scenario_fields, too_few)
+from .stats import (ACCURACY, Estimate, accuracy, by_seed, ci_text, code_versions, distinct, interval, no_verdict,
+                    paired, scenario_fields, too_few)
 
 # the attack fields of every channel (attack and its parameters), and the BN shorthands
 ATTACK_PARTS = tuple(p for p in PARTS if p.startswith("attack"))
@@ -474,4 +474,16 @@ def provisional(cell: dict[str, Any], searched: Callable[[dict[str, Any]], bool]
     only" (a search could lower such a pick and turn the verdict); "" otherwise."""
     ps = cell["protocols"]
     open_ = [norm_words(p["norm"]) for p in ps if not searched(p)]
-    return f"; provisional: {', '.join(open_)} on the catalogue's attacks only" if len(ps) > 1 and open_ else ""
+    judged = cell["verdict"] in (BEST, TIED)  # no verdict (too few pairs): nothing to hold back
+    return f"; provisional: {', '.join(open_)} on the catalogue's attacks only" if judged and open_ else ""
+
+
+def gap_words(cell: dict[str, Any], pick: dict[str, Any]) -> str:
+    """A compared protocol's words under a `protocol_map` cell's first: "lower by 5.6 [0.3, 10.8]
+    (5 pairs)", "tied, gap ...", or the bare "gap ..." where the cell has no verdict (too few
+    pairs)."""
+    gap = (f"{100 * pick['gap']:.1f} {ci_text(pick['gap_low'], pick['gap_high'], pick['gap_pairs'], 100, 1, 'pair')}"
+           f" ({pick['gap_pairs']} pair{'s' * (pick['gap_pairs'] != 1)})")
+    if cell["verdict"] not in (BEST, TIED):
+        return f"gap {gap}"
+    return {WORSE: f"lower by {gap}", TIED: f"tied, gap {gap}"}.get(pick["verdict"], pick["verdict"])
