@@ -451,7 +451,7 @@ def pick_head(cell: dict[str, Any], chance: float | None = None) -> str:
 
 def protocol_head(cell: dict[str, Any], chance: float | None = None, planned: Iterable[str] = ()) -> str:
     """A `protocol_map` cell's verdict in a few words: "use FBN", "2 tied", "none works (at
-    chance)", "only FBN finished"; `planned`: the protocols meant to be there, those missing
+    chance)", "only FBN run" ("finished" where others are planned); `planned`: the protocols meant to be there, those missing
     named ("FBN above (of those finished; FixBN not yet)": the missing may stand above it)."""
     ps, verdict = cell["protocols"], cell["verdict"]
     lead = norm_words(ps[0]["norm"])
@@ -459,7 +459,9 @@ def protocol_head(cell: dict[str, Any], chance: float | None = None, planned: It
     later = f"{', '.join(missing)} not yet"
     at_chance = chance is not None and all(p["worst_acc"] <= chance + AT_CHANCE for p in ps)
     if len(ps) == 1:
-        return f"only {lead} finished" + (", at chance" if at_chance else "") + (f" ({later})" if missing else "")
+        # "finished" where others are to come; "run" where it is all there is
+        return f"only {lead} {'finished' if missing else 'run'}" + (", at chance" if at_chance else "") + \
+            (f" ({later})" if missing else "")
     if verdict in (BEST, TIED) and at_chance:
         head = "none works (at chance)"
     else:

@@ -210,7 +210,7 @@ def test_the_board_compares_the_protocols_each_at_its_highest_row(setup):
     assert [p["norm"] for p in trusted["protocols"]] == ["fbn"]
     page = board_protocols_html(board)
     heads = re.findall(r"<td><b>(.*?)</b></td>", page)
-    assert heads[1] == "only FBN finished"  # naive BN has no trusted row at all: nothing is missing
+    assert heads[1] == "only FBN run"  # naive BN has no trusted row at all: nothing is missing
     # FBN's top (trmean on the statistics) has no search here (the fixture searched its nnm+median row)
     assert top["fbn"]["defense"] == "mean on the gradients, trmean on the mean and variance"
     assert heads[0] == "2 tied; provisional: FBN, naive BN on the catalogue&#x27;s attacks only"
@@ -480,7 +480,7 @@ def test_the_robustness_section_maps_the_picks_at_their_tuned_values(tmp_path):
     assert re.findall(r"\(5 seeds; lr [0-9.]+, not searched yet\)", noted) == \
         [f"(5 seeds; lr {p['lr']}, not searched yet)"] * 2
     (protocols,) = re.findall(r'<table class="map protocols">.*?</table>', page)
-    assert re.findall(r"<td><b>(.*?)</b></td>", protocols) == ["only FBN finished", "only FBN finished"]
+    assert re.findall(r"<td><b>(.*?)</b></td>", protocols) == ["only FBN run", "only FBN run"]  # nothing else planned
     assert robustness_html([], pending="Not run yet.") == "<p>Not run yet.</p>"
     assert robustness_html([], pending="Run `robustbn tune a<b.toml`.") == \
         "<p>Run <code>robustbn tune a&lt;b.toml</code>.</p>"
