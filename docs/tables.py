@@ -225,29 +225,27 @@ def leaderboard() -> None:
 
 
 def board_protocols() -> None:
-    """Which BN protocol on the board (robustbn.worst.protocol_map over the board's runs): per
-    gamma and threat model, each protocol at its highest row, compared by the paired rule."""
+    """Which BN protocol on the board, per gamma (robustbn.report's leaderboard: its protocol_map
+    cells, and the same threat models and searches as the page's)."""
     from robustbn.labels import norm_order
+    from robustbn.report import board_protocol_parts
     from robustbn.report import leaderboard as board
     from robustbn.stats import chance as chance_of
-    from robustbn.worst import protocol_map
-
-    from robustbn.worst import server_data
 
     runs = board_runs()
-    # a protocol is meant to be in a threat model where it has a row there at any gamma (FedTAN has no trusted one)
-    planned = {trusted: sorted({r["norm"] for r in runs if bool(server_data(r)) == trusted}, key=norm_order)
-               for trusted in (False, True)}
-    searched = {(r["norm"], r["defense"], r["server_data"], g) for g in sorted({r["gamma"] for r in runs})
-                for r in board(runs, g).rows if r["searched"]}
-    found = lambda c, t: (t["norm"], t["defense"], c["threat"], c["gamma"]) in searched
+    seeds = {g: len({r["seed"] for r in runs if r["gamma"] == g}) for g in sorted({r["gamma"] for r in runs})}
     print("Each protocol at its highest row of the board (lr 0.05), the protocols compared by the same paired rule "
           "over seeds (a seed fixes the data split and the initial model); the verdict on the first row, under it "
           "each other protocol, \"lower by\" its paired gap where the interval excludes 0, else \"tied\". Each "
           "protocol's row is chosen on the seeds it is compared on. \"searched\": a confirmed search's attack is "
-          "among its attacks; a verdict over a row without one is provisional. Gamma = 1 stands on 2 seeds: no "
-          "verdict there.\n")
-    protocol_tables(protocol_map(runs), chance_of(runs[0]), planned,
+          "among its attacks; a verdict a search could still turn (its leader, or a protocol tied with it, "
+          "unsearched) is provisional. Seeds per gamma: "
+          + ", ".join(f"gamma = {g:g}: {n}" for g, n in seeds.items()) + f" (no verdict below {MIN_PAIRS}).\n")
+    boards = {g: board(runs, g) for g in seeds}
+    parts = {g: board_protocol_parts(b) for g, b in boards.items()}
+    planned = {t: sorted({n for p, _ in parts.values() for n in p[t]}, key=norm_order) for t in (False, True)}
+    found = lambda c, t: parts[c["gamma"]][1](c, t)
+    protocol_tables([c for b in boards.values() for c in b.protocols or []], chance_of(runs[0]), planned,
                     lambda c, t: ", searched" if found(c, t) else "", found)
 
 
@@ -761,13 +759,12 @@ def protocol_tables(cells: list[dict], chance: float, planned: dict[bool, list[s
             continue
         planned_here = planned[trusted]
         data = sorted({c["threat"] for c in here if c["threat"]})
-        print(f"{'Trusted server data (' + ', '.join(data) + ')' if trusted else 'Root-free'}, "
-              f"{sum(len(c['protocols']) for c in here)} of {len(planned_here) * len(here)} protocol points finished:\n")
+        print(f"{'Trusted server data (' + ', '.join(data) + ')' if trusted else 'Root-free'}:\n")
         print("| gamma, f | verdict | protocol (its defense): worst case |")
         print("|---|---|---|")
         for c in here:
             for i, t in enumerate(c["protocols"]):
-                verdict = protocol_head(c, chance, planned_here) + provisional(c, lambda p: searched(c, p)) \
+                verdict = protocol_head(c, chance, planned_here) + provisional(c, lambda p: searched(c, p), chance) \
                     if i == 0 else gap_words(c, t)
                 clean = "" if t.get("no_attack_acc") is None else f"; clean {100 * t['no_attack_acc']:.1f}"
                 point = f"{c['gamma']:g}, {c['f']}" if i == 0 else ""
@@ -789,6 +786,8 @@ def same_defense(runs: list[dict], planned: list[str]) -> None:
             for t in pts:
                 if t["worst_acc"] is not None:
                     by_point[(t["defense"], t.get("server_data"), t["gamma"], t["f"])][norm] = t
+    if not planned:
+        return
     reference = planned[0]  # the matrix's first protocol: FBN, seed 002's own
     others = [n for n in planned if n != reference]
     rows = [(key, here) for key, here in by_point.items() if reference in here and any(n in here for n in others)]
@@ -990,6 +989,7 @@ def tuning_moved() -> None:
     threat model, the highest worst case at the matrix's lr and at each defense's tuned lr."""
     from robustbn.labels import compact_defense, norm_words
     from robustbn.matrix import read
+    from robustbn.stats import chance as chance_of
     from robustbn.tune import settled_choices
 
     if not (ROOT / tuning_file()).is_file():
@@ -1035,10 +1035,10 @@ def tuning_moved() -> None:
         print(f"| {norm_words(norm)} | {gamma:g} | {f} | {'root-free' if data is None else 'trusted'} | "
               f"{compact_defense(untuned['defense'])} {bound(untuned)}{100 * at_base(untuned)['worst_acc']:.1f} | {compact_defense(tuned['defense'])} "
               f"{100 * tuned['chosen_acc']:.1f} (lr {tuned['chosen']['lr']:g}) | {moved} | {gains} |")
-    grid_edge(values["lr"], [c for cs in points.values() for c in cs])
+    grid_edge(values["lr"], [c for cs in points.values() for c in cs], chance_of(next(iter(finished.values()))))
 
 
-def grid_edge(grid: list[float], choices: list[dict]) -> None:
+def grid_edge(grid: list[float], choices: list[dict], chance: float = 0.1) -> None:
     """How many settled choices sit at an end of the lr grid, where a wider grid could find a
     better lr (ByzFL's rule is the max over the grid given), and whether their margins say so."""
     from robustbn.labels import norm_words
@@ -1047,7 +1047,7 @@ def grid_edge(grid: list[float], choices: list[dict]) -> None:
     at = {edge: [c for c in choices if c["chosen"]["lr"] == edge] for edge in (low, high)}
     edge_words = " and ".join(f"{len(cs)} at lr {edge:g} (its {'lowest' if edge == low else 'highest'})"
                               for edge, cs in at.items())
-    broken = sum(1 for cs in at.values() for c in cs if c["chosen_acc"] <= 0.1 + ABOVE_CHANCE)
+    broken = sum(1 for cs in at.values() for c in cs if c["chosen_acc"] <= chance + ABOVE_CHANCE)
     by_norm = defaultdict(lambda: [0, 0])
     for c in choices:
         by_norm[c["norm"]][c["chosen"]["lr"] in (low, high)] += 1

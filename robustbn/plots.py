@@ -356,7 +356,8 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
     attack's seeds, its clean accuracy dashed, chance dotted, a ring where an attack search was
     confirmed (the point's worst case is over more attacks), and a cross at a point whose worst
     attack made runs diverge. A defense keeps its color and marker in every panel, and its
-    short name (labels.compact_defense). `tuned` (lr): each point's own value is written beside it."""
+    short name (labels.compact_defense). `tuned` (lr): each point's own value is written beside
+    it where it differs from the line's point before (the tables give every point's)."""
     tuned = tuple(tuned)
     lines = robustness_lines(rows, x, tuned)
     # a defense with a line per value of another setting (f along gamma, say): each line names it
@@ -386,7 +387,8 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
     handles = {}
     for ax, (norm, mine) in zip(axes[0], lines.items()):
         labels: dict[Any, list[tuple[float, str, str]]] = defaultdict(list)
-        ax.axhline(chance, color="0.5", linestyle=":", linewidth=1.0, gid="chance")
+        if chance > 0:  # a dataset of unknown classes has none to draw
+            ax.axhline(chance, color="0.5", linestyle=":", linewidth=1.0, gid="chance")
         for pts in mine.values():
             n = name(pts[0])
             i = names.index(n)
@@ -437,8 +439,9 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
         legend.append(plt.Line2D([], [], color="gray", linestyle="--", marker="o", markerfacecolor="none"))
         words.append("clean accuracy (no attack) at the same tuned lr, the defense's color" if tuned else
                      "clean accuracy (no attack), the defense's color")
-    legend.append(plt.Line2D([], [], color="0.5", linestyle=":"))
-    words.append(f"chance ({chance:g}%)")
+    if chance > 0:
+        legend.append(plt.Line2D([], [], color="0.5", linestyle=":"))
+        words.append(f"chance ({chance:g}%)")
     if any(t["searched"] for t in points):
         legend.append(plt.Line2D([], [], color="black", marker="o", markersize=9, markerfacecolor="none",
                                  linestyle="none"))

@@ -42,8 +42,8 @@ from .labels import (CHANNEL_WORDS, attack_short, attack_words, channels, compac
                      norm_order, norm_words, text)
 from .stats import CLIPPED_PERCENT_WORDS, DIVERGED_WORDS, MIN_PAIRS, PAIRED_WORDS, accuracy, too_few
 from .stats import chance as chance_of
-from .worst import (BEST, DEFENSE_FIELDS, SEARCHED, SEARCHED_PREFIX, TIED, WORSE, matrix_rows, protocol_map,
-                    setting_groups, worst_case)
+from .worst import (BEST, DEFENSE_FIELDS, SEARCHED, SEARCHED_PREFIX, TIED, WORSE, SettingsDiffer, matrix_rows,
+                    protocol_map, setting_groups, worst_case)
 
 CATALOGUE_MATRIX = "scenarios/worst_case_fmnist.toml"
 CLEAN_MATRIX = "scenarios/clean_worst_case_fmnist.toml"
@@ -166,6 +166,7 @@ def leaderboard(rows: list[dict[str, Any]], gamma: float = 0.0) -> Board:
         searched = sorted({str(r["source"]) for r in runs if SEARCHED_PREFIX in str(r.get("source") or "")})
         setting = ", ".join(f"{k}={text(t.get(k))}" for k in apart)
         out.append({"norm": t["norm"], "defense": t["defense"] + (f" ({setting})" if apart else ""), "setting": setting,
+                    "rule": t["defense"], "f": t.get("f"),  # as robustbn.worst names it, and its f: the page's own keys
                     "clean_acc": clean[0], "worst_acc": t["worst_acc"],
                     "ci_low": t["ci_low"], "ci_high": t["ci_high"], "seeds": t["seeds"],
                     "worst_attack": t["worst_attack"], "verdict": t["verdict"], "server_data": t["server_data"],
@@ -197,7 +198,7 @@ def leaderboard(rows: list[dict[str, Any]], gamma: float = 0.0) -> Board:
     setup["server_data"] = sorted({r["server_data"] for r in out if r.get("server_data")})
     try:  # which BN protocol: each at its highest row, paired across protocols (one setting per cell)
         protocols = protocol_map(rows) if out else []
-    except ValueError:
+    except SettingsDiffer:
         protocols = None
     return Board(out, picks, [(p, reason) for p, reason in ABSENT.items() if p not in norms], gamma, setup,
                  protocols, chance_of(rows[0]) if rows else None)
@@ -498,18 +499,25 @@ def _map_pick(p: dict[str, Any], tuned: tuple[str, ...], note: str) -> str:
             f"{'' if interval else ', no interval'}; {', '.join(f'{k} {p[k]}' for k in tuned)}{note})")
 
 
-def board_protocols_html(board: Board) -> str:
-    """Which BN protocol on the board: protocols_html over the board's protocol_map cells, a
-    pick "searched" where a confirmation file's runs are among its attacks."""
-    if board.protocols is None:
-        return ("<p>The rows hold several settings at one point: compare protocols with <code>robustbn results "
-                "--worst-case --by-protocol</code>.</p>")
-    if not board.protocols:
-        return "<p>No attacked row yet.</p>"
-    searched = {(r["norm"], r["defense"], r["server_data"]) for r in board.rows if r["searched"]}
-    found = lambda c, p: (p["norm"], p["defense"], c["threat"]) in searched
+def board_protocol_parts(board: Board) -> tuple[dict[bool, list[str]], Callable[[dict, dict], bool]]:
+    """What the board's protocol comparison needs beside its cells: the protocols of each threat
+    model (those with a row in it: FedTAN has no trusted one, so none is waited for), and
+    whether a cell's pick has a confirmed attack search (a confirmation file's runs among its
+    attacks)."""
+    searched = {(r["norm"], r["rule"], r["server_data"], r["f"]) for r in board.rows if r["searched"]}
     planned = {t: sorted({r["norm"] for r in board.rows if bool(r["server_data"]) == t}, key=norm_order)
                for t in (False, True)}
+    return planned, lambda c, p: (p["norm"], p["defense"], c["threat"], c["f"]) in searched
+
+
+def board_protocols_html(board: Board) -> str:
+    """Which BN protocol on the board: protocols_html over the board's protocol_map cells."""
+    if board.protocols is None:
+        return ("<p>The rows hold several settings at one point: compare protocols within one with <code>robustbn "
+                "results --worst-case --by-protocol --where FIELD=VALUE</code>.</p>")
+    if not board.protocols:
+        return "<p>No attacked row yet.</p>"
+    planned, found = board_protocol_parts(board)
     return protocols_html(board.protocols, board.chance, planned,
                           lambda c, p: ", searched" if found(c, p) else "", found)
 
@@ -540,7 +548,7 @@ def protocols_html(cells: list[dict[str, Any]], chance: float | None, planned: d
             shown = "".join(f"<div>{'' if i == 0 else e(gap_words(c, p)) + ': '}<b>{e(norm_words(p['norm']))}</b> "
                             f"{e(_protocol_pick(p, words(c, p)))}</div>" for i, p in enumerate(c["protocols"]))
             head = protocol_head(c, chance, planned[trusted]) + ("" if searched is None else
-                                                                 provisional(c, lambda p: searched(c, p)))
+                                                                 provisional(c, lambda p: searched(c, p), chance))
             rows.append(f'<tr><td>{c["gamma"]:g}</td><td>{c["f"]}</td><td><b>{e(head)}</b></td><td>{shown}</td></tr>')
         if rows:
             data = sorted({c["threat"] for c in cells if c["threat"]})
@@ -598,6 +606,7 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
                    f'<th scope="col">f</th><th scope="col">verdict</th><th scope="col">defense</th></tr></thead>'
                    f'<tbody>{"".join(rows)}</tbody></table></div>')
     key = lambda c, p: (p["norm"], c["threat"], c["gamma"], c["f"], p["defense"])
+    planned = tuple(planned)
     out.append(protocols_html(protocol_map(curves, "gamma", "f", tuned, expected), chance, {False: planned, True: planned},
                               lambda c, p: "; " + ", ".join(f"{k} {p[k]}" for k in tuned) + (notes or {}).get(key(c, p), ""),
                               None if searched is None else lambda c, p: searched(key(c, p))))

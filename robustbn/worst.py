@@ -87,8 +87,8 @@ from .labels import (
     text,
     varying,
 )
-from .stats import (ACCURACY, Estimate, accuracy, by_seed, ci_text, code_versions, distinct, interval, no_verdict,
-                    paired, scenario_fields, too_few)
+from .stats import (ACCURACY, Estimate, accuracy, by_seed, code_versions, distinct, interval, no_verdict, paired,
+                    scenario_fields, too_few)
 
 # the attack fields of every channel (attack and its parameters), and the BN shorthands
 ATTACK_PARTS = tuple(p for p in PARTS if p.startswith("attack"))
@@ -315,6 +315,10 @@ def shown_columns(table: list[dict[str, Any]], tuned: Iterable[str] = ()) -> lis
 
 
 
+class SettingsDiffer(ValueError):
+    """Runs that a map cell (or a protocol comparison) would mix differ in another setting field."""
+
+
 ONLY = "the only defense run"
 NO_PICK_YET = "no pick yet"
 
@@ -361,6 +365,7 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tune
                                                 "worst_by_seed", "no_attack_acc")},
                            **{k: t.get(k) for k in tuned}}
         out.append({"norm": norm, "threat": data, x: ts[0][x], y: ts[0][y], "verdict": verdict, "defenses": len(ts),
+                    "setting": {k: ts[0].get(k) for k in others},
                     "picks": [shown(t) for t in picks],
                     "runner_up": close and {**shown(close), **{k: close[k] for k in ("gap", "gap_low", "gap_high",
                                                                                      "gap_pairs")}}})
@@ -380,11 +385,21 @@ def protocol_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tun
     gap_pairs: best - it, paired). A protocol's defense is chosen on the seeds it is compared
     on: one with several defenses near its top gains a little from it."""
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    settings: dict[tuple, dict[str, set]] = defaultdict(lambda: defaultdict(set))
     for c in defense_map(rows, x, y, tuned, expected):
         if not c["verdict"].endswith(NO_PICK_YET):
-            groups[(c["threat"], hashable(c[x]), hashable(c[y]))].append(
-                {"norm": c["norm"], **c["picks"][0], "verdict": None, "gap": None, "gap_low": None,
-                 "gap_high": None, "gap_pairs": None, x: c[x], y: c[y]})
+            at = (c["threat"], hashable(c[x]), hashable(c[y]))
+            groups[at].append({"norm": c["norm"], **c["picks"][0], "verdict": None, "gap": None, "gap_low": None,
+                               "gap_high": None, "gap_pairs": None, x: c[x], y: c[y]})
+            for k, v in c["setting"].items():
+                settings[at][k].add(hashable(v))
+    for (_, xv, yv), fields in settings.items():  # protocols are compared within one setting only
+        differ = {k: sorted(vs, key=sort_key) for k, vs in fields.items() if len(vs) > 1}
+        if differ:
+            words = "; ".join(f"{k} ({', '.join(text(v) for v in vs)})" for k, vs in differ.items())
+            k, vs = next(iter(differ.items()))
+            raise SettingsDiffer(f"the protocols at {x} = {text(xv)}, {y} = {text(yv)} ran in different settings, "
+                                 f"{words}: compare one with --where (e.g. --where {k}={text(vs[-1])})")
     out = []
     for (threat, _, _), ps in groups.items():
         ps.sort(key=lambda p: norm_order(p["norm"]))  # the first of equals: the protocols' own order
@@ -409,7 +424,7 @@ def _one_setting_a_cell(cells: dict[tuple, list[dict[str, Any]]], others: list[s
             differ = {k: sorted({s[i] for s in settings}, key=sort_key) for i, k in enumerate(others)
                       if len({s[i] for s in settings}) > 1}
             fields = "; ".join(f"{k} ({', '.join(text(v) for v in vs)})" for k, vs in differ.items())
-            raise ValueError(f"the runs at {x} = {text(xv)}, {y} = {text(yv)} ({norm}) differ in {fields}: a map cell "
+            raise SettingsDiffer(f"the runs at {x} = {text(xv)}, {y} = {text(yv)} ({norm}) differ in {fields}: a map cell "
                              f"holds one setting; keep one with --where (e.g. --where {next(iter(differ))}="
                              f"{text(next(iter(differ.values()))[-1])}) or --matrix your files (a tuning's own runs "
                              f"are left out then)")
@@ -470,22 +485,30 @@ def protocol_head(cell: dict[str, Any], chance: float | None = None, planned: It
     return head + (f" (of those finished; {later})" if missing else "")
 
 
-def provisional(cell: dict[str, Any], searched: Callable[[dict[str, Any]], bool]) -> str:
-    """Words after a `protocol_map` verdict that compares protocols whose picks an attack
-    search has not confirmed (`searched(pick)`): "; provisional: FBN on the catalogue's attacks
-    only" (a search could lower such a pick and turn the verdict); "" otherwise."""
+def provisional(cell: dict[str, Any], searched: Callable[[dict[str, Any]], bool], chance: float | None = None) -> str:
+    """Words after a `protocol_map` verdict that a search could still turn: "; provisional: FBN
+    on the catalogue's attacks only", naming the picks no attack search has confirmed
+    (`searched(pick)`) among those that decide it (the leader and those tied with it, above
+    chance: lowering a protocol already lower, or one at chance, changes nothing); "" otherwise,
+    and where there is no verdict (too few pairs) to hold back."""
     ps = cell["protocols"]
-    open_ = [norm_words(p["norm"]) for p in ps if not searched(p)]
-    judged = cell["verdict"] in (BEST, TIED)  # no verdict (too few pairs): nothing to hold back
-    return f"; provisional: {', '.join(open_)} on the catalogue's attacks only" if judged and open_ else ""
+    if cell["verdict"] not in (BEST, TIED):
+        return ""
+    deciding = [p for i, p in enumerate(ps) if (i == 0 or p["verdict"] == TIED)
+                and (chance is None or p["worst_acc"] > chance + AT_CHANCE)]
+    open_ = [norm_words(p["norm"]) for p in deciding if not searched(p)]
+    return f"; provisional: {', '.join(open_)} on the catalogue's attacks only" if open_ else ""
 
 
 def gap_words(cell: dict[str, Any], pick: dict[str, Any]) -> str:
     """A compared protocol's words under a `protocol_map` cell's first: "lower by 5.6 [0.3, 10.8]
     (5 pairs)", "tied, gap ...", or the bare "gap ..." where the cell has no verdict (too few
     pairs)."""
-    gap = (f"{100 * pick['gap']:.1f} {ci_text(pick['gap_low'], pick['gap_high'], pick['gap_pairs'], 100, 1, 'pair')}"
-           f" ({pick['gap_pairs']} pair{'s' * (pick['gap_pairs'] != 1)})")
+    n = pick["gap_pairs"] or 0
+    if not n:
+        return "no seed in common"
+    gap = f"{100 * pick['gap']:.1f} " + (f"[{100 * pick['gap_low']:.1f}, {100 * pick['gap_high']:.1f}] ({n} pairs)"
+                                          if pick["gap_low"] is not None else f"({n} pair, no interval)")
     if cell["verdict"] not in (BEST, TIED):
         return f"gap {gap}"
     return {WORSE: f"lower by {gap}", TIED: f"tied, gap {gap}"}.get(pick["verdict"], pick["verdict"])

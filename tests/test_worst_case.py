@@ -751,16 +751,60 @@ def test_results_by_protocol_ranks_the_protocols_at_each_point(tmp_path, capsys)
                         **DEFENSES[defense], **ATTACKS["sf-mean"])
     assert main(["results", "--worst-case", "--by-protocol", "--db", db]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[2].split()[:5] == ["0.0000", "3", "use", "FBN", "fbn"] and ROBUST_DEFENSE.split()[0] in lines[2]
-    assert lines[3].split()[2:4] == ["naive", "mean"] and "worse" in lines[3]
+    assert lines[2].split()[:5] == ["0.0000", "3", "use", "FBN", "fbn"] and f"fbn    {ROBUST_DEFENSE}" in lines[2]
+    assert lines[3].split()[2] == "naive" and f"naive  {ROBUST_DEFENSE}" in lines[3] and " worse " in lines[3]
     assert main(["results", "--worst-case", "--by-protocol", "--db", db, "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [(r["norm"], r["defense"], r["verdict"], r["compared"]) for r in rows] == \
+    assert [(r["norm"], r["defense"], r["point"], r["verdict"]) for r in rows] == \
         [("fbn", ROBUST_DEFENSE, "use FBN", "best"), ("naive", ROBUST_DEFENSE, "", "worse")]
     assert rows[1]["gap"] == pytest.approx(0.2) and rows[1]["gap_pairs"] == 5
     assert main(["results", "--by-protocol", "--db", db]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--by-protocol is for --worst-case" in err
+
+
+def test_protocol_words_hold_back_only_what_a_search_could_turn_and_survive_seeds_apart():
+    """provisional names the unsearched picks that decide a verdict (the leader and those tied
+    with it, above chance), never one already lower or at chance; gap_words says "no seed in
+    common" for protocols run on different seeds, and no interval for one pair."""
+    from robustbn.worst import BEST, TIED, WORSE, gap_words, provisional
+
+    pick = lambda norm, acc, verdict, **gap: {"norm": norm, "worst_acc": acc, "verdict": verdict,
+                                              **{"gap": None, "gap_low": None, "gap_high": None, "gap_pairs": None,
+                                                 **gap}}
+    cell = {"verdict": BEST, "protocols": [pick("fbn", 0.6, BEST), pick("naive", 0.3, WORSE, gap=0.3, gap_low=0.2,
+                                                                        gap_high=0.4, gap_pairs=5)]}
+    never = lambda p: False
+    assert provisional(cell, never, 0.1) == "; provisional: FBN on the catalogue's attacks only"  # naive BN: lower
+    assert provisional(cell, lambda p: p["norm"] == "fbn", 0.1) == ""
+    at_chance = {"verdict": TIED, "protocols": [pick("fbn", 0.105, TIED), pick("naive", 0.1, TIED)]}
+    assert provisional(at_chance, never, 0.1) == ""  # at chance: no search lowers them
+    tied = {"verdict": TIED, "protocols": [pick("fbn", 0.6, TIED), pick("naive", 0.55, TIED)]}
+    assert provisional(tied, never, 0.1) == "; provisional: FBN, naive BN on the catalogue's attacks only"
+    assert provisional({**tied, "verdict": "2 seeds, no verdict"}, never, 0.1) == ""
+    assert gap_words(cell, cell["protocols"][1]) == "lower by 30.0 [20.0, 40.0] (5 pairs)"
+    apart = pick("naive", 0.3, None, gap=None, gap_pairs=0)
+    assert gap_words(cell, apart) == "no seed in common"
+    one = pick("naive", 0.3, "1 seed, no verdict", gap=0.3, gap_pairs=1)
+    assert gap_words({"verdict": "1 seed, no verdict"}, one) == "gap 30.0 (1 pair, no interval)"
+
+
+def test_protocols_of_different_settings_are_not_paired(tmp_path, capsys):
+    """FBN with 150 rounds and naive BN with 100 at the same point: no comparison, one line
+    naming the field and how to keep one setting."""
+    from robustbn.worst import SettingsDiffer, protocol_map
+
+    db = str(tmp_path / "d.sqlite")
+    with Store(db) as store:
+        for seed in range(2):
+            add(store, 0.5, norm="fbn", f=3, gamma=0.0, seed=seed, rounds=6, **ATTACKS["sf-mean"])
+            add(store, 0.4, norm="naive", f=3, gamma=0.0, seed=seed, rounds=9, **ATTACKS["sf-mean"])
+        rows = store.rows()
+    with pytest.raises(SettingsDiffer, match=r"rounds \(6, 9\)"):
+        protocol_map(rows)
+    assert main(["results", "--worst-case", "--by-protocol", "--db", db]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "rounds (6, 9)" in err and "--where rounds=9" in err
 
 
 def test_a_map_cell_at_chance_says_none_works_and_a_tied_set_names_its_picks_at_chance():

@@ -249,17 +249,20 @@ def _print_by_protocol(rows: list[dict], fmt: str, tuned: list[str] = ()) -> int
 
     from ..stats import chance
     from ..store import export, strict_json
-    from ..worst import protocol_head, protocol_map
+    from ..worst import BEST, TIED, protocol_head, protocol_map
 
     x = "gamma" if any(r.get("gamma") is not None for r in rows) else "alpha"
     try:
         cells = protocol_map(rows, x, "f", tuned) if rows else []
     except ValueError as e:
         raise UsageError(str(e)) from None
-    columns = ["server_data", x, "f", "verdict", "norm", "defense", *tuned, "worst_acc", "ci_low", "ci_high",
-               "seeds", "compared", "gap", "gap_low", "gap_high", "gap_pairs", "worst_attack"]
-    table = [{"server_data": c["threat"], x: c[x], "f": c["f"], "verdict": protocol_head(c, chance(rows[0])) if i == 0
-              else "", **{k: p.get(k) for k in columns if k in p and k != "verdict"}, "compared": p["verdict"]}
+    # point: the cell's verdict in words, on its first row; verdict: each protocol's, as --worst-case gives a
+    # defense's (none where the cell has too few pairs for one)
+    columns = ["server_data", x, "f", "point", "norm", "defense", *tuned, "worst_acc", "ci_low", "ci_high",
+               "seeds", "verdict", "gap", "gap_low", "gap_high", "gap_pairs", "worst_attack"]
+    table = [{"server_data": c["threat"], x: c[x], "f": c["f"], "point": protocol_head(c, chance(rows[0])) if i == 0
+              else "", **{k: p.get(k) for k in columns if k in p and k != "verdict"},
+              "verdict": p["verdict"] if c["verdict"] in (BEST, TIED) else None}
              for c in cells for i, p in enumerate(c["protocols"])]
     if fmt != "table":
         table = [{k: t.get(k) for k in columns} for t in table]
@@ -273,9 +276,9 @@ def _print_by_protocol(rows: list[dict], fmt: str, tuned: list[str] = ()) -> int
                                   {"ci_low": ("ci_high", "95% CI", "seeds"),
                                    "gap_low": ("gap_high", "gap 95% CI", "gap_pairs")})
         print(text_table(shown, names))
-        print("verdict: per threat model (server_data: the trusted data its defense uses; blank: root-free) and "
+        print("point: per threat model (server_data: the trusted data its defense uses; blank: root-free) and "
               "point, each protocol at its highest defense there, compared with the highest by the paired rule "
-              "over seeds (gap: highest - it); the defense is chosen on the seeds it is compared on")
+              "over seeds (verdict, gap: highest - it); the defense is chosen on the seeds it is compared on")
     return 0
 
 
