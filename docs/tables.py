@@ -733,8 +733,9 @@ def protocol_map() -> None:
           "its own comparison, not jointly over the table: among this many comparisons a stray \"lower by\" is to "
           "be expected. Each protocol's defense is chosen on the same seeds it is compared on, and each worst "
           "case is the lowest of a dozen attacks on those seeds, so a protocol whose seeds scatter more is pulled "
-          "down more. A verdict is \"provisional\" where a protocol's pick stands on the catalogue's attacks only "
-          "(no search confirmed against it: one could lower it and turn the verdict). Each row: the worst case "
+          "down more. A verdict is \"provisional\" where a pick that decides it (the leader, or one tied with it, above "
+          "chance) stands on the catalogue's attacks only (no search confirmed against it: one could lower it and "
+          "turn the verdict). Each row: the worst case "
           "(%) [95% interval] (seeds; tuned lr, \"searched\" where a confirmed search's attack is among those run; "
           "clean: the same defense and lr without attack, to tell \"trains worse\" from \"is attacked worse\").\n")
     note = lambda c, t: notes.get((t["norm"], c["threat"], c["gamma"], c["f"], t["defense"]), "")

@@ -486,8 +486,8 @@ def protocol_head(cell: dict[str, Any], chance: float | None = None, planned: It
 
 
 def provisional(cell: dict[str, Any], searched: Callable[[dict[str, Any]], bool], chance: float | None = None) -> str:
-    """Words after a `protocol_map` verdict that a search could still turn: "; provisional: FBN
-    on the catalogue's attacks only", naming the picks no attack search has confirmed
+    """Words after a `protocol_map` verdict that a search could still turn: "; provisional: no
+    attack search confirmed against FBN", naming the picks no attack search has confirmed
     (`searched(pick)`) among those that decide it (the leader and those tied with it, above
     chance: lowering a protocol already lower, or one at chance, changes nothing); "" otherwise,
     and where there is no verdict (too few pairs) to hold back."""
@@ -497,7 +497,7 @@ def provisional(cell: dict[str, Any], searched: Callable[[dict[str, Any]], bool]
     deciding = [p for i, p in enumerate(ps) if (i == 0 or p["verdict"] == TIED)
                 and (chance is None or p["worst_acc"] > chance + AT_CHANCE)]
     open_ = [norm_words(p["norm"]) for p in deciding if not searched(p)]
-    return f"; provisional: {', '.join(open_)} on the catalogue's attacks only" if open_ else ""
+    return f"; provisional: no attack search confirmed against {', '.join(open_)}" if open_ else ""
 
 
 def gap_words(cell: dict[str, Any], pick: dict[str, Any]) -> str:

@@ -213,7 +213,7 @@ def test_the_board_compares_the_protocols_each_at_its_highest_row(setup):
     assert heads[1] == "only FBN run"  # naive BN has no trusted row at all: nothing is missing
     # FBN's top (trmean on the statistics) has no search here (the fixture searched its nnm+median row)
     assert top["fbn"]["defense"] == "mean on the gradients, trmean on the mean and variance"
-    assert heads[0] == "2 tied; provisional: FBN, naive BN on the catalogue&#x27;s attacks only"
+    assert heads[0] == "2 tied; provisional: no attack search confirmed against FBN, naive BN"
 
 
 def test_use_lines_never_outrun_the_verdict(setup):
@@ -508,7 +508,7 @@ def test_the_robustness_section_names_the_protocol_to_use_at_each_point(tmp_path
     planned = robustness_html(rows, ("lr",), planned=["fbn", "naive", "fixbn"])
     assert "<b>FBN above (of those finished; FixBN not yet)</b>" in planned
     # the leader unsearched holds the verdict back; naive BN's, already lower, does not
-    assert "<b>use FBN; provisional: FBN on the catalogue&#x27;s attacks only</b>" in \
+    assert "<b>use FBN; provisional: no attack search confirmed against FBN</b>" in \
         robustness_html(rows, ("lr",), searched=lambda key: key[0] == "naive")
     assert "<b>use FBN</b>" in robustness_html(rows, ("lr",), searched=lambda key: key[0] == "fbn")
 

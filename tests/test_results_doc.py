@@ -317,9 +317,9 @@ def test_the_protocol_map_pairs_each_protocols_top_defense_by_seed(tmp_path, mon
     at = lambda head: out.index(next(line for line in out if line.startswith(head)))
     i = at("| 0, 3 |")
     # no search confirmed here: the leader holds the verdict back (FBN, lower, would not turn it)
-    assert out[i].startswith("| 0, 3 | naive BN above (of those finished; FixBN not yet); provisional: naive BN on "
-                             f"the catalogue's attacks only | naive BN ({robust}): 60.2 [")
-    provisional = "; provisional: naive BN, FBN on the catalogue's attacks only"  # tied: both decide
+    assert out[i].startswith("| 0, 3 | naive BN above (of those finished; FixBN not yet); provisional: no attack "
+                             f"search confirmed against naive BN | naive BN ({robust}): 60.2 [")
+    provisional = "; provisional: no attack search confirmed against naive BN, FBN"  # tied: both decide
     assert out[i + 1].startswith(f"|  | lower by 20.0 [20.0, 20.0] (5 pairs) | FBN ({robust}): 40.2 [")
     j = at("| 1, 3 |")
     assert out[j].startswith(f"| 1, 3 | 2 tied (of those finished; FixBN not yet){provisional} | ")

@@ -775,12 +775,12 @@ def test_protocol_words_hold_back_only_what_a_search_could_turn_and_survive_seed
     cell = {"verdict": BEST, "protocols": [pick("fbn", 0.6, BEST), pick("naive", 0.3, WORSE, gap=0.3, gap_low=0.2,
                                                                         gap_high=0.4, gap_pairs=5)]}
     never = lambda p: False
-    assert provisional(cell, never, 0.1) == "; provisional: FBN on the catalogue's attacks only"  # naive BN: lower
+    assert provisional(cell, never, 0.1) == "; provisional: no attack search confirmed against FBN"  # naive BN: lower
     assert provisional(cell, lambda p: p["norm"] == "fbn", 0.1) == ""
     at_chance = {"verdict": TIED, "protocols": [pick("fbn", 0.105, TIED), pick("naive", 0.1, TIED)]}
     assert provisional(at_chance, never, 0.1) == ""  # at chance: no search lowers them
     tied = {"verdict": TIED, "protocols": [pick("fbn", 0.6, TIED), pick("naive", 0.55, TIED)]}
-    assert provisional(tied, never, 0.1) == "; provisional: FBN, naive BN on the catalogue's attacks only"
+    assert provisional(tied, never, 0.1) == "; provisional: no attack search confirmed against FBN, naive BN"
     assert provisional({**tied, "verdict": "2 seeds, no verdict"}, never, 0.1) == ""
     assert gap_words(cell, cell["protocols"][1]) == "lower by 30.0 [20.0, 40.0] (5 pairs)"
     apart = pick("naive", 0.3, None, gap=None, gap_pairs=0)
