@@ -742,7 +742,32 @@ def protocol_map() -> None:
     protocol_tables(ranked(runs, "gamma", "f", TUNED, expected_defenses), chance, {False: planned, True: planned},
                     lambda c, t: f"; lr {t['lr']:g}{MAP_SEARCH_WORDS.get(note(c, t), note(c, t))}",
                     lambda c, t: note(c, t) == SEARCHED_WORDS)
+    protocol_figures()
     same_defense(runs, planned)
+
+
+def protocol_figures() -> None:
+    """The protocol comparison along each sweep as a figure (`robustbn plot protocols`), its
+    digest in the text as the curves' figures carry theirs."""
+    import hashlib
+
+    from robustbn.plots import plot
+    from robustbn.worst import protocol_map as ranked
+
+    for x, (held, value) in SWEEPS.items():
+        if not (mine := curve_runs(x)):
+            continue
+        cells = ranked(mine, "gamma", "f", TUNED)  # as the figure draws them
+        drawn = [(c["threat"], c["gamma"], c["f"], [(p["norm"], p["defense"], round(p["worst_acc"], 6),
+                                                     *(p.get(k) for k in TUNED)) for p in c["protocols"]])
+                 for c in cells]
+        digest = hashlib.sha256(json.dumps(drawn, default=str).encode()).hexdigest()[:16]
+        image = ROOT / "docs" / "img" / f"protocols_{x}.png"
+        if not os.environ.get("ROBUSTBN_DOCS_CHECK"):
+            image.parent.mkdir(parents=True, exist_ok=True)
+            plot(mine, "protocols", str(image), x=x, tuned=TUNED, metadata={"robustbn-data": digest},
+                 title=f"Fashion-MNIST, n = 10, {held} = {value:g}; each defense at its tuned lr")
+        print(f"![which BN protocol along {x}](img/protocols_{x}.png) <!-- data {digest} -->\n")
 
 
 def protocol_tables(cells: list[dict], chance: float, planned: dict[bool, list[str]], words, searched) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import textwrap
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import matplotlib
 
@@ -45,12 +45,13 @@ from .worst import (  # noqa: E402
     TIED,
     defense_map,
     pick_head,
+    protocol_map,
     setting_groups,
     source_kind,
     worst_case,
 )
 
-KINDS = ("curves", "heterogeneity", "heatmap", "worst-case", "robustness", "map")
+KINDS = ("curves", "heterogeneity", "heatmap", "worst-case", "robustness", "map", "protocols")
 ROBUSTNESS_X = ("gamma", "f", "alpha")  # the axes of a robustness curve
 X_PARTITION = {"gamma": "gamma", "alpha": "dirichlet"}  # an axis of heterogeneity means something under its partition
 LINE_COLORS = (*plt.get_cmap("tab10").colors, *plt.get_cmap("Dark2").colors)  # a color per defense, 18 apart
@@ -338,6 +339,16 @@ def robustness_lines(rows: list[dict[str, Any]], x: str, tuned: Iterable[str] = 
     return out
 
 
+def x_positions(values) -> tuple[list, Callable[[Any], float], bool]:
+    """(the values sorted, each value's position on the axis, whether they stand at their own
+    values): points far from evenly spaced (gamma 0, 0.1, 0.5, 1) stand at even steps, labelled
+    with their values; else the first two crowd into one."""
+    at_x = sorted(values)
+    gaps = np.diff(at_x)
+    even = len(at_x) < 3 or gaps.min() >= 0.5 * gaps.max()
+    return at_x, (lambda v: v) if even else (lambda v: float(at_x.index(v))), even
+
+
 def _tuned_labels(ax, x: float, labels: list[tuple[float, str, str]], gap: float = 4.5) -> None:
     """Each line's tuned values at one x, beside its point, pushed apart vertically (`gap`: %
     of the axis) so that lines ending close together (at chance, say) stay readable."""
@@ -373,12 +384,7 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
     seeds = {n: [t["seeds"] for mine in lines.values() for pts in mine.values() for t in pts
                  if name(t) == n and t["worst_acc"] is not None] for n in names}
     pct = lambda v: 100 * v
-    at_x = sorted({t[x] for t in points})
-    gaps = np.diff(at_x)
-    # points far from evenly spaced (gamma 0, 0.1, 0.5, 1) stand at even steps, labelled with their values:
-    # else the first two crowd into one
-    even = len(at_x) < 3 or gaps.min() >= 0.5 * gaps.max()
-    where = (lambda v: v) if even else (lambda v: float(at_x.index(v)))
+    at_x, where, even = x_positions({t[x] for t in points})
     ticks = [where(v) for v in at_x]
     span = (ticks[-1] - ticks[0]) or 1.0
     chance = 100 * chance_of(rows[0])
@@ -469,6 +475,75 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
     return fig
 
 
+def protocol_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str | None = None,
+                    tuned: Iterable[str] = (), expected=None):
+    """Which BN protocol along `x` (gamma or f): a panel per threat model, a line per protocol
+    (robustbn.worst.protocol_map): at each point its highest defense's worst case (%), the 95%
+    interval as a bar, the defense (and `tuned` values) written where it changes along the line,
+    chance dotted. A protocol's color is its color in every plot."""
+    if x not in ("gamma", "f"):
+        raise ValueError(f"--x {x}: protocols are compared along gamma or f")
+    other = "f" if x == "gamma" else "gamma"
+    tuned = tuple(tuned)
+    cells = protocol_map(rows, "gamma", "f", tuned, expected)
+    if not cells:
+        raise ValueError("no attacked run has both gamma and f: no protocol to compare")
+    held = sorted({c[other] for c in cells}, key=sort_key)  # a line per protocol and value of the other axis
+    models = [m for m in (False, True) if any((c["threat"] is not None) == m for c in cells)]
+    at_x, where, even = x_positions({c[x] for c in cells})
+    ticks = [where(v) for v in at_x]
+    span = (ticks[-1] - ticks[0]) or 1.0
+    chance = 100 * chance_of(rows[0])
+    norms = sorted({p["norm"] for c in cells for p in c["protocols"]}, key=norm_order)
+    others = [n for n in norms if n not in NORM_COLORS]
+    color = lambda n: NORM_COLORS.get(n) or OTHER_COLORS[others.index(n) % len(OTHER_COLORS)]
+    fig, axes = plt.subplots(1, len(models), figsize=(max(5.2 * len(models), 8.0), 5.2), sharey=True, squeeze=False,
+                             layout="constrained")
+    handles, seeds = {}, defaultdict(set)
+    for ax, trusted in zip(axes[0], models):
+        labels: dict[Any, list[tuple[float, str, str]]] = defaultdict(list)
+        if chance > 0:
+            ax.axhline(chance, color="0.5", linestyle=":", linewidth=1.0)
+        for i, (norm, h) in enumerate((n, h) for n in norms for h in held):
+            pts = sorted(((c, p) for c in cells if (c["threat"] is not None) == trusted and c[other] == h
+                          for p in c["protocols"] if p["norm"] == norm), key=lambda cp: sort_key(cp[0][x]))
+            if not pts:
+                continue
+            name = norm_words(norm) + (f" ({other}={text(h)})" if len(held) > 1 else "")
+            xs = [where(c[x]) for c, _ in pts]
+            ys = [100 * p["worst_acc"] for _, p in pts]
+            low = [100 * (p["worst_acc"] if p["ci_low"] is None else p["ci_low"]) for _, p in pts]
+            high = [100 * (p["worst_acc"] if p["ci_high"] is None else p["ci_high"]) for _, p in pts]
+            handles[name], = ax.plot(xs, ys, color=color(norm), marker=MARKERS[norms.index(norm) % len(MARKERS)],
+                                     linestyle=("-", "--", ":", "-.")[held.index(h) % 4], markersize=5, linewidth=1.6)
+            ax.errorbar(xs, ys, yerr=[[y - lo for y, lo in zip(ys, low)], [hi - y for y, hi in zip(ys, high)]],
+                        fmt="none", ecolor=color(norm), elinewidth=0.8, capsize=2, alpha=0.6)
+            said = None
+            for (c, p), xv, y in zip(pts, xs, ys):
+                seeds[name].add(p["seeds"])
+                words = compact_defense(p["defense"]) + "".join(f", {k} {text(p.get(k))}" for k in tuned)
+                if words != said:
+                    labels[xv].append((y, words, color(norm)))
+                said = words
+        for xv, here in labels.items():
+            _tuned_labels(ax, xv, here)
+        ax.set_title("trusted server data" if trusted else "root-free", fontsize=10)
+        ax.set_xlabel(x if even else f"{x} (its points at even steps)")
+        ax.set_xticks(ticks, [text(v) for v in at_x])
+        ax.set_xlim(ticks[0] - 0.05 * span, ticks[-1] + 0.3 * span)  # room for the defenses' names
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("worst-case test accuracy (%)")
+    words = [f"{n} ({over(min(seeds[n]), max(seeds[n]))})" for n in handles]
+    fig.legend(list(handles.values()), words, fontsize=7, loc="outside lower center", ncols=min(3, len(words)))
+    held_words = "" if len(held) > 1 else f" at {other} = {text(held[0])}"
+    caption = textwrap.fill(f"each protocol at its highest defense at each point{held_words} (written where it "
+                            f"changes): its worst case over the attacks run, mean over seeds, bar: "
+                            f"{CLIPPED_PERCENT_WORDS}; chance dotted", width=int(15 * fig.get_size_inches()[0]))
+    fig.suptitle(f"{title}\n{caption}" if title else caption, fontsize=9)
+    return fig
+
+
 def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title: str | None = None,
                tuned: Iterable[str] = ()):
     """Which defense to use where (robustbn.worst.defense_map): a panel per norm protocol and
@@ -534,14 +609,15 @@ def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: s
         raise ValueError(f"unknown plot kind {kind!r}; allowed: {', '.join(KINDS)}")
     # worst-case counts diverged runs (and finished runs without a history) at chance (robustbn.worst),
     # as its table does; the other plots draw accuracies, which a diverged run has not
-    judged = kind in ("worst-case", "robustness", "map")
+    judged = kind in ("worst-case", "robustness", "map", "protocols")
     finished = ("done", "diverged") if judged else ("done",)
     rows = [r for r in rows if r["status"] in finished and (r["history"] or judged)]
     if not rows:
         raise ValueError("no finished runs match: nothing to plot (see `robustbn results`)")
-    if kind in ("worst-case", "robustness", "map"):  # the title above the caption that says what is drawn
+    if kind in ("worst-case", "robustness", "map", "protocols"):  # the title above the caption that says what is drawn
         fig = worst_case_figure(rows, title) if kind == "worst-case" else robustness_figure(rows, x, title, tuned) \
-            if kind == "robustness" else map_figure(rows, x, y, title, tuned)
+            if kind == "robustness" else protocol_figure(rows, x, title, tuned) if kind == "protocols" \
+            else map_figure(rows, x, y, title, tuned)
         title = None
     elif kind == "heatmap":
         fig = heatmap_figure(rows)

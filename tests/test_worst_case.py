@@ -789,6 +789,50 @@ def test_protocol_words_hold_back_only_what_a_search_could_turn_and_survive_seed
     assert gap_words({"verdict": "1 seed, no verdict"}, one) == "gap 30.0 (1 pair, no interval)"
 
 
+def test_the_protocols_figure_draws_each_protocols_top_defense_along_x(tmp_path, capsys):
+    """plot protocols: a panel per threat model, a line per protocol in its own color through
+    its highest defense's worst case (%) at each gamma, the defense written where it changes;
+    --x alpha is refused in one line."""
+    from robustbn.labels import NORM_COLORS
+    from robustbn.plots import protocol_figure
+    from robustbn.worst import protocol_map
+
+    db = str(tmp_path / "p.sqlite")
+    with Store(db) as store:
+        for seed in range(2):
+            for gamma in (0.0, 1.0):
+                for norm, level in (("naive", 0.3), ("fbn", 0.5)):
+                    for defense, extra in (("mean", 0.1 * (gamma == 1.0)), ("nnm+median", 0.05)):
+                        add(store, level + extra + 0.01 * seed, norm=norm, f=3, gamma=gamma, seed=seed,
+                            **DEFENSES[defense], **ATTACKS["sf-mean"])
+        rows = store.rows()
+    fig = protocol_figure(rows, "gamma")
+    (panel,) = [a for a in fig.axes if a.get_title()]
+    assert panel.get_title() == "root-free"
+    lines = {mcolor(ln.get_color()): ln for ln in panel.get_lines() if ln.get_linestyle() == "-"}
+    top = {(p["norm"], c["gamma"]): p for c in protocol_map(rows) for p in c["protocols"]}
+    for norm in ("naive", "fbn"):
+        line = lines[mcolor(NORM_COLORS[norm])]
+        assert list(line.get_ydata()) == pytest.approx([100 * top[(norm, g)]["worst_acc"] for g in (0.0, 1.0)])
+    # at gamma 0 nnm+median is each protocol's top, at gamma 1 the mean: written at both points
+    texts = sorted(t.get_text() for t in panel.texts)
+    assert texts == sorted([ROBUST_DEFENSE.replace(" on the gradients", " (grad)").replace(
+        " on the mean and variance", " (BN)")] * 2 + [MEAN_DEFENSE] * 2)
+    out = tmp_path / "p.png"
+    assert main(["plot", "protocols", "--x", "gamma", "--db", db, "--out", str(out)]) == 0
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    assert main(["plot", "protocols", "--x", "alpha", "--db", db, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "along gamma or f" in err
+
+
+def mcolor(c) -> str:
+    from matplotlib import colors
+
+    return colors.to_hex(c)
+
+
 def test_protocols_of_different_settings_are_not_paired(tmp_path, capsys):
     """FBN with 150 rounds and naive BN with 100 at the same point: no comparison, one line
     naming the field and how to keep one setting."""

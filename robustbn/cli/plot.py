@@ -1,4 +1,4 @@
-"""`robustbn plot KIND`: curves, heterogeneity, heatmap, worst-case, robustness or map figures of the results
+"""`robustbn plot KIND`: curves, heterogeneity, heatmap, worst-case, robustness, map or protocols figures of the results
 store (robustbn.plots)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from .results import add_matrix_option, selected_rows
 
 
 def register(sub) -> None:
-    p = sub.add_parser("plot", help="plot results: curves, heterogeneity, heatmap, worst-case, robustness, map",
+    p = sub.add_parser("plot", help="plot results: curves, heterogeneity, heatmap, worst-case, robustness, map, "
+                                    "protocols",
                        formatter_class=RAW,
                        description="curves: accuracy vs round, one line per combination of the fields that vary "
                                    "(seed 002, Figure 4); heterogeneity: final accuracy vs --x (Figure 3a); heatmap: "
@@ -27,16 +28,20 @@ def register(sub) -> None:
                                    "worst case over the attacks run with its 95% band over seeds, its clean accuracy "
                                    "dashed, a cross where the worst attack's runs diverged. map: which defense to "
                                    "use where, one panel per norm mode and threat model, a cell per (--y, --x): the "
-                                   "best defense, or every one tied for best (paired over seeds).",
+                                   "best defense, or every one tied for best (paired over seeds). protocols: which "
+                                   "BN protocol along --x (gamma or f), a panel per threat model, a line per "
+                                   "protocol at its highest defense at each point (named where it changes).",
                        epilog="examples:\n  robustbn plot curves --where gamma=0.0 --out results/fig4.png\n"
                               "  robustbn plot heterogeneity --where f=0 --out results/fig3a.png\n"
                               "  robustbn plot heatmap --where gamma=0.0 --out results/heatmap.png\n"
                               "  robustbn plot worst-case --out results/worst.png\n"
                               "  robustbn plot robustness --x gamma --where 'norm=[fbn,naive]' --out results/gamma.png\n"
                               "  robustbn plot map --x gamma --y f --out results/map.png\n"
+                              "  robustbn plot protocols --x gamma --tuned lr --out results/protocols.png\n"
                               "  robustbn plot worst-case --matrix scenarios/worst_case_fmnist.toml --matrix "
                               "scenarios/searched_worst_fbn_dnc.toml --where gamma=0.0 --out results/worst.png")
-    p.add_argument("kind", choices=["curves", "heterogeneity", "heatmap", "worst-case", "robustness", "map"])  # KINDS
+    p.add_argument("kind", choices=["curves", "heterogeneity", "heatmap", "worst-case", "robustness", "map",
+                                    "protocols"])  # KINDS
     p.add_argument("--out", required=True)
     p.add_argument("--db", default=DEFAULT_DB)
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help=WHERE_HELP)
@@ -65,7 +70,9 @@ def cmd_plot(args) -> int:
     if args.kind == "map" and (args.x not in ROBUSTNESS_X or args.y not in ROBUSTNESS_X or args.x == args.y):
         raise UsageError(f"--x {args.x} --y {args.y}: the map's axes are two different fields of "
                          f"{', '.join(ROBUSTNESS_X)}")
-    check_tuned(args.tuned, args.kind in ("robustness", "map"), "robustness and map plots")
+    if args.kind == "protocols" and args.x not in ("gamma", "f"):
+        raise UsageError(f"--x {args.x}: protocols are compared along gamma or f")
+    check_tuned(args.tuned, args.kind in ("robustness", "map", "protocols"), "robustness, map and protocols plots")
     with Store(args.db, readonly=True) as store:
         rows = selected_rows(store, args.where, matrices=args.matrix, note=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
