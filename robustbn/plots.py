@@ -350,13 +350,17 @@ def x_positions(values) -> tuple[list, Callable[[Any], float], bool]:
 
 
 def _tuned_labels(ax, x: float, labels: list[tuple[float, str, str]], gap: float = 4.5) -> None:
-    """Each line's tuned values at one x, beside its point, pushed apart vertically (`gap`: %
-    of the axis) so that lines ending close together (at chance, say) stay readable."""
-    y_prev = -gap
+    """Each line's label at one x (its tuned values, or its defense), beside its point, pushed
+    apart vertically (`gap`: % of the axis a line of text takes) so that lines ending close
+    together (at chance, say) stay readable; a long label wraps rather than cross the plot."""
+    top, lines_before = -gap, 0
     for y, words, color in sorted(labels):
-        y_prev = max(y, y_prev + gap)
-        # beside its point, lifted to y_prev where the line below it would overlap
-        ax.annotate(words, (x, y), xytext=(7, y_prev), textcoords=("offset points", "data"), fontsize=6,
+        words = textwrap.fill(words, 34)
+        lines = words.count("\n") + 1
+        y_at = max(y, top + gap * (lines_before + lines) / 2)  # centre to centre: half of each label's height
+        top, lines_before = y_at, lines
+        # beside its point, lifted where the label below it would overlap
+        ax.annotate(words, (x, y), xytext=(7, y_at), textcoords=("offset points", "data"), fontsize=6,
                     color=color, va="center", gid="tuned", annotation_clip=False)
 
 

@@ -119,6 +119,18 @@ def test_a_comparison_on_too_few_seeds_is_named_not_quoted(capsys):
     assert capsys.readouterr().out.count("B on two seeds") == 1
 
 
+def test_every_shipped_figure_carries_the_digest_results_md_prints_beside_it():
+    """Each figure results.md draws from the runs (`![...](img/X.png) <!-- data D -->`) is the
+    file docs/img/X.png whose PNG text chunk holds D: the text's check (`./dev.sh docs --check`)
+    then vouches for the figure too, and a figure left stale by a run's change is caught."""
+    from PIL import Image
+
+    shown = re.findall(r"!\[[^\]]*\]\((img/[^)]+\.png)\) <!-- data ([0-9a-f]{16}) -->", RESULTS.read_text("utf-8"))
+    assert len(shown) >= 5  # the two curves, the map, the two protocol figures
+    for path, digest in shown:
+        assert Image.open(ROOT / "docs" / path).text.get("robustbn-data") == digest, path
+
+
 def test_the_picks_follow_the_generated_verdicts():
     """The picks above the leaderboard of docs/results.md say "use Y" only where Y's row is
     best in its protocol and threat model, and name every row tied for best."""
