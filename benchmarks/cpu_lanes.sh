@@ -8,7 +8,8 @@
 #                                         there is none (robustbn import), then the two lanes
 #   bash benchmarks/cpu_lanes.sh freeze   pause both lanes (SIGSTOP): timings and CI on an idle machine
 #   bash benchmarks/cpu_lanes.sh thaw     resume them
-#   bash benchmarks/cpu_lanes.sh stop     end them after the command each is running (kill: now)
+#   bash benchmarks/cpu_lanes.sh stop     end them after the command each is running
+#   bash benchmarks/cpu_lanes.sh halt     end them now (the runs in flight resume from their checkpoints)
 #   bash benchmarks/cpu_lanes.sh status   what each lane runs, and the store's runs by status
 #   bash benchmarks/cpu_lanes.sh commands N   what lane N would run now
 # The lanes run a snapshot of the code ($Q/src, taken at start): edits and pulls here do not reach a
@@ -71,9 +72,17 @@ case ${1:-status} in
       [ -s "$Q/lane$n.pid" ] && pkill -"$signal" -s "$(cat "$Q/lane$n.pid")" && echo "lane $n: $1"
     done ;;
   stop) mkdir -p "$Q" && touch "$Q/stop"; echo "cpu_lanes: each lane ends after its current command" ;;
+  halt)  # now: each lane's whole session ended (a frozen one thawed to take the signal); its runs in flight
+         # were checkpointed and resume at the next start
+    mkdir -p "$Q" && touch "$Q/stop"
+    for n in 1 2; do
+      [ -s "$Q/lane$n.pid" ] || continue
+      pkill -TERM -s "$(cat "$Q/lane$n.pid")"; pkill -CONT -s "$(cat "$Q/lane$n.pid")"
+    done
+    echo "cpu_lanes: both lanes ended; the runs they left resume at the next start" ;;
   status)
     for n in 1 2; do echo "lane $n: $(tail -n 1 "$Q/lane$n.log" 2>/dev/null | cut -c1-160)"; done
     "$PY" -c "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); print(dict(c.execute(
         'SELECT status, COUNT(*) FROM runs GROUP BY status')))" "$DB" ;;
-  *) echo "usage: bash benchmarks/cpu_lanes.sh start|freeze|thaw|stop|status|commands N" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/cpu_lanes.sh start|freeze|thaw|stop|halt|status|commands N" >&2; exit 2 ;;
 esac
