@@ -617,6 +617,11 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
             out.append(f'<figure><div class="scroll"><img class="zoom" alt="{e(caption)}" '
                        f'src="{png_uri(figure(along, "robustness", x=x, tuned=tuned))}"></div>'
                        f"<figcaption>{e(caption)}</figcaption></figure>")
+            if x in ("gamma", "f") and len({r.get("norm") for r in along}) > 1:  # the protocols side by side
+                caption = f"Which BN protocol along {x} at {held} = {value}: each at its highest defense"
+                out.append(f'<figure><div class="scroll"><img class="zoom" alt="{e(caption)}" '
+                           f'src="{png_uri(figure(along, "protocols", x=x, tuned=tuned))}"></div>'
+                           f"<figcaption>{e(caption)}</figcaption></figure>")
     return "".join(out)
 
 

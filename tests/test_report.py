@@ -497,10 +497,13 @@ def test_the_robustness_section_names_the_protocol_to_use_at_each_point(tmp_path
     with Store(tmp_path / "p.sqlite") as store:
         for seed in range(5):
             for norm, level in (("naive", 0.3), ("fbn", 0.5)):
-                add(store, level + 0.01 * seed, norm=norm, f=3, gamma=0.0, lr=0.05, seed=seed, **DEFENSES["mean"],
-                    **ATTACKS["sf-mean"])
+                for gamma in (0.0, 1.0):
+                    add(store, level + 0.01 * seed + 0.2 * gamma, norm=norm, f=3, gamma=gamma, lr=0.05, seed=seed,
+                        **DEFENSES["mean"], **ATTACKS["sf-mean"])
         rows = store.rows()
-    (protocols,) = re.findall(r'<table class="map protocols">.*?</table>', robustness_html(rows, ("lr",)))
+    page = robustness_html(rows, ("lr",), {"gamma": ("f", 3)})
+    (protocols,) = re.findall(r'<table class="map protocols">.*?</table>', page)
+    assert page.count('alt="Which BN protocol along gamma at f = 3') == 1  # and their figure
     (row,) = re.findall(r"<tr><td>0</td><td>3</td><td><b>(.*?)</b></td><td>(.*?)</td></tr>", protocols)
     assert row[0] == "use FBN"
     assert row[1].startswith("<div><b>FBN</b> mean 52.0 [") and \
