@@ -336,4 +336,4 @@ def test_the_shell_scripts_parse(script):
 def test_the_cpu_lanes_script_refuses_an_unknown_command():
     out = subprocess.run(["bash", "benchmarks/cpu_lanes.sh", "go"], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "Q": "/nonexistent-lanes-dir-is-not-made"})
-    assert out.returncode == 2 and "usage: bash benchmarks/cpu_lanes.sh start|freeze|thaw|stop|status" in out.stderr
+    assert out.returncode == 2 and "usage: bash benchmarks/cpu_lanes.sh start|freeze|thaw|stop|halt|status" in out.stderr
