@@ -737,7 +737,7 @@ def protocol_map() -> None:
           "chance) stands on the catalogue's attacks only (no search confirmed against it: one could lower it and "
           "turn the verdict). Each row: the worst case "
           "(%) [95% interval] (seeds; tuned lr, \"searched\" where a confirmed search's attack is among those run; "
-          "clean: the same defense and lr without attack, to tell \"trains worse\" from \"is attacked worse\").\n")
+          "clean: the same defense and lr without attack, to tell \"trains worse\" from \"is attacked worse\"; worst: the attack that reached the worst case and the messages it touched, (grad) the gradients, (BN) the BN mean and variance).\n")
     note = lambda c, t: notes.get((t["norm"], c["threat"], c["gamma"], c["f"], t["defense"]), "")
     protocol_tables(ranked(runs, "gamma", "f", TUNED, expected_defenses), chance, {False: planned, True: planned},
                     lambda c, t: f"; lr {t['lr']:g}{MAP_SEARCH_WORDS.get(note(c, t), note(c, t))}",
@@ -792,7 +792,8 @@ def protocol_tables(cells: list[dict], chance: float, planned: dict[bool, list[s
             for i, t in enumerate(c["protocols"]):
                 verdict = protocol_head(c, chance, planned_here) + provisional(c, lambda p: searched(c, p), chance) \
                     if i == 0 else gap_words(c, t)
-                clean = "" if t.get("no_attack_acc") is None else f"; clean {100 * t['no_attack_acc']:.1f}"
+                clean = ("" if t.get("no_attack_acc") is None else f"; clean {100 * t['no_attack_acc']:.1f}") + \
+                    (f"; worst: {compact_defense(t['worst_attack'])}" if t.get("worst_attack") else "")
                 point = f"{c['gamma']:g}, {c['f']}" if i == 0 else ""
                 print(f"| {point} | {verdict} | {norm_words(t['norm'])} "
                       f"({compact_defense(t['defense'])}): {estimate_cell(t)[:-1]}{words(c, t)}{clean}) |")

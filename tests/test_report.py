@@ -477,8 +477,9 @@ def test_the_robustness_section_maps_the_picks_at_their_tuned_values(tmp_path):
     (p,) = expect[1.0]["picks"]
     noted = robustness_html(rows, ("lr",), notes={("fbn", None, 1.0, 3, p["defense"]): ", not searched yet"})
     # in the defense map, and in the protocol table where it is FBN's top defense
-    assert re.findall(r"\(5 seeds; lr [0-9.]+, not searched yet\)", noted) == \
-        [f"(5 seeds; lr {p['lr']}, not searched yet)"] * 2
+    assert re.findall(r"\(5 seeds; lr [0-9.]+, not searched yet[);]", noted) == \
+        [f"(5 seeds; lr {p['lr']}, not searched yet)", f"(5 seeds; lr {p['lr']}, not searched yet;"]
+    assert "; worst: SF (BN mean))" in noted  # the protocol's pick names its worst attack and what it touched
     (protocols,) = re.findall(r'<table class="map protocols">.*?</table>', page)
     assert re.findall(r"<td><b>(.*?)</b></td>", protocols) == ["only FBN run", "only FBN run"]  # nothing else planned
     assert robustness_html([], pending="Not run yet.") == "<p>Not run yet.</p>"
