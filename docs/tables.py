@@ -401,25 +401,29 @@ def tuning_status() -> str:
             f"{sum(map(all_finished, tuned_files()))} whose runs have all finished.")
 
 
-def _curve_digest(lines: dict) -> str:
-    """A digest of the numbers a robustness figure draws: the figure is stale where it differs."""
+def _digest(drawn) -> str:
+    """A digest of what a figure draws (the text prints it, the PNG carries it): `--check` fails
+    where a number changes."""
     import hashlib
 
+    return hashlib.sha256(json.dumps(drawn, default=str).encode()).hexdigest()[:16]
+
+
+def _curve_digest(lines: dict) -> str:
+    """A digest of the numbers a robustness figure draws: the figure is stale where it differs."""
     drawn = [(norm, t["defense"], t.get("server_data"), *(t.get(k) for k in (*SWEEPS, *TUNED)),
               *(None if t.get(k) is None else round(t[k], 6) for k in ("worst_acc", "ci_low", "ci_high", "no_attack_acc")),
               t["seeds"], t["worst_diverged"], t["searched"]) for norm, mine in lines.items() for pts in mine.values()
              for t in pts]
-    return hashlib.sha256(json.dumps(drawn, default=str).encode()).hexdigest()[:16]
+    return _digest(drawn)
 
 
 def _map_digest(cells: list[dict]) -> str:
     """A digest of what the map figure draws: each cell's verdict and picks."""
-    import hashlib
-
     drawn = [(c["norm"], c["threat"], c["gamma"], c["f"], c["verdict"],
               [(p["defense"], round(p["worst_acc"], 6), *(p.get(k) for k in TUNED)) for p in c["picks"]])
              for c in cells]
-    return hashlib.sha256(json.dumps(drawn, default=str).encode()).hexdigest()[:16]
+    return _digest(drawn)
 
 
 def robustness_table(x: str) -> None:
@@ -749,8 +753,6 @@ def protocol_map() -> None:
 def protocol_figures() -> None:
     """The protocol comparison along each sweep as a figure (`robustbn plot protocols`), its
     digest in the text as the curves' figures carry theirs."""
-    import hashlib
-
     from robustbn.plots import plot
     from robustbn.worst import protocol_map as ranked
 
@@ -761,7 +763,7 @@ def protocol_figures() -> None:
         drawn = [(c["threat"], c["gamma"], c["f"], [(p["norm"], p["defense"], round(p["worst_acc"], 6),
                                                      *(p.get(k) for k in TUNED)) for p in c["protocols"]])
                  for c in cells]
-        digest = hashlib.sha256(json.dumps(drawn, default=str).encode()).hexdigest()[:16]
+        digest = _digest(drawn)
         image = ROOT / "docs" / "img" / f"protocols_{x}.png"
         if not os.environ.get("ROBUSTBN_DOCS_CHECK"):
             image.parent.mkdir(parents=True, exist_ok=True)
@@ -777,6 +779,7 @@ def protocol_tables(cells: list[dict], chance: float, planned: dict[bool, list[s
     search is confirmed (else the verdict is provisional). Where the cell has no verdict (too few
     pairs), the rows give the gap alone."""
     from robustbn.labels import compact_defense, norm_words
+    from robustbn.report import pick_tail
     from robustbn.worst import gap_words, protocol_head, provisional
 
     for trusted in (False, True):
@@ -792,11 +795,9 @@ def protocol_tables(cells: list[dict], chance: float, planned: dict[bool, list[s
             for i, t in enumerate(c["protocols"]):
                 verdict = protocol_head(c, chance, planned_here) + provisional(c, lambda p: searched(c, p), chance) \
                     if i == 0 else gap_words(c, t)
-                clean = ("" if t.get("no_attack_acc") is None else f"; clean {100 * t['no_attack_acc']:.1f}") + \
-                    (f"; worst: {compact_defense(t['worst_attack'])}" if t.get("worst_attack") else "")
                 point = f"{c['gamma']:g}, {c['f']}" if i == 0 else ""
                 print(f"| {point} | {verdict} | {norm_words(t['norm'])} "
-                      f"({compact_defense(t['defense'])}): {estimate_cell(t)[:-1]}{words(c, t)}{clean}) |")
+                      f"({compact_defense(t['defense'])}): {estimate_cell(t)[:-1]}{words(c, t)}{pick_tail(t)}) |")
         print()
 
 

@@ -526,10 +526,15 @@ def _protocol_pick(p: dict[str, Any], words: str) -> str:
     """A protocol's pick: "dnc 44.7 [8.1, 81.3] (5 seeds, searched; clean 76.4; worst: ALIE (grad))",
     the worst attack with the messages it touched."""
     interval = "" if p["ci_low"] is None or p["ci_high"] is None else f" [{pct(p['ci_low'])}, {pct(p['ci_high'])}]"
-    clean = ("" if p.get("no_attack_acc") is None else f"; clean {pct(p['no_attack_acc'])}") + \
-        (f"; worst: {compact_defense(p['worst_attack'])}" if p.get("worst_attack") else "")
     return (f"{compact_defense(p['defense'])} {pct(p['worst_acc'])}{interval} ({p['seeds']} "
-            f"seed{'s' * (p['seeds'] != 1)}{'' if interval else ', no interval'}{words}{clean})")
+            f"seed{'s' * (p['seeds'] != 1)}{'' if interval else ', no interval'}{words}{pick_tail(p)})")
+
+
+def pick_tail(p: dict[str, Any]) -> str:
+    """What follows a protocol's pick in the page and results.md alike: "; clean 76.4; worst:
+    ALIE (grad)", its clean accuracy and its worst attack with the messages it touched."""
+    return ("" if p.get("no_attack_acc") is None else f"; clean {pct(p['no_attack_acc'])}") + \
+        (f"; worst: {compact_defense(p['worst_attack'])}" if p.get("worst_attack") else "")
 
 
 def protocols_html(cells: list[dict[str, Any]], chance: float | None, planned: dict[bool, Iterable[str]],
