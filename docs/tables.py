@@ -659,7 +659,7 @@ def pick_notes() -> dict[tuple, str]:
     picks a search could change, and ", searched" for any other defense at a point whose search
     is confirmed (a pick at chance may still have one); the map, the protocol table and the page
     read the same."""
-    confirmed = {(norm, None, g, f, d): SEARCHED_WORDS for norm, d, g, f in confirmed_points()}
+    confirmed = {(norm, t.get("server_data"), g, f, d): SEARCHED_WORDS for (norm, d, g, f), t in confirmed_points().items()}
     return {**confirmed, **search_notes()}
 
 
@@ -860,13 +860,38 @@ def _search_space(norm: str, defense: str) -> str:
     return str(next((p for same, p in files if same), files[0][1]).relative_to(ROOT))
 
 
+def search_candidates(runs: list[dict], chance: float) -> list[tuple[dict, dict]]:
+    """The picks a search could turn, as (cell, pick), the cell with the pick's "norm" and
+    "decides" (what its search could turn: "the map", "the protocol verdict" or both): each pick
+    of a map cell with two defenses or more (the best, or each tied for it), and each pick that
+    decides a protocol verdict (the leader, or one tied with it, above chance: `provisional`'s)."""
+    from robustbn.worst import AT_CHANCE, BEST, TIED, defense_map, protocol_map
+
+    found: dict[tuple, tuple[dict, dict, list[str]]] = {}
+
+    def add(c: dict, p: dict, why: str) -> None:
+        key = (c["norm"], p["defense"], c["gamma"], c["f"])
+        found.setdefault(key, (c, p, []))[2].append(why)
+
+    for c in defense_map(runs, "gamma", "f", TUNED, expected_defenses):
+        if c["verdict"] in (BEST, TIED) and c["defenses"] >= 2:
+            for p in c["picks"]:
+                add(c, p, "the map")
+    for c in protocol_map(runs, "gamma", "f", TUNED, expected_defenses):
+        if c["verdict"] in (BEST, TIED):
+            for i, p in enumerate(c["protocols"]):
+                if (i == 0 or p["verdict"] == TIED) and p["worst_acc"] > chance + AT_CHANCE:
+                    add({**c, "norm": p["norm"]}, p, "the protocol verdict")
+    return [({**c, "decides": " and ".join(why)}, p) for c, p, why in found.values()]
+
+
 def curve_search_rows() -> tuple[tuple, tuple]:
-    """(rows, left) of curve_searches: each pick a search could change as (cell, pick, whether
-    its search is confirmed), and the commands of the searches left."""
+    """(rows, left) of curve_searches: each pick a search could change (`search_candidates`) as
+    (cell, pick, whether its search is done, whether searched), and the commands of the searches
+    left."""
     import hashlib
 
     from robustbn.stats import chance as chance_of
-    from robustbn.worst import BEST, TIED, defense_map
 
     runs = curve_runs()
     if not runs:
@@ -877,29 +902,26 @@ def curve_search_rows() -> tuple[tuple, tuple]:
     # catalogue's has the tuned file's runs, which count for it too)
     confirmed = {f for f in curve_confirmations() if all_finished(f)}
     rows, left = [], []
-    for c in defense_map(runs, "gamma", "f", TUNED, expected_defenses):
-        if c["verdict"] not in (BEST, TIED) or c["defenses"] < 2:
+    for c, p in search_candidates(runs, chance):
+        path = tuned.get((c["norm"], p["defense"], c["gamma"], c["f"]))
+        if path is None:
             continue
-        for p in c["picks"]:
-            path = tuned.get((c["norm"], p["defense"], c["gamma"], c["f"]))
-            if path is None:
-                continue
-            confirm = confirmation_of(path)
-            # the attacks found against this defense at its other points are tried here too
-            # (--try): a short search must not miss what broke the same defense next door
-            others = [confirmation_of(q) for (norm, defense, *point), q in tuned.items()
-                      if (norm, defense) == (c["norm"], p["defense"]) and q != path and confirmation_of(q) in confirmed]
-            searched = confirm in confirmed
-            done = searched and all(tried_in(confirm, other) for other in others)
-            if not done and p["worst_acc"] <= chance + ABOVE_CHANCE:
-                continue  # broken already: nothing a search finds changes the map
-            rows.append((c, p, done, searched))
-            if not done:
-                sampler = 1000 + int(hashlib.sha256(Path(path).stem.encode()).hexdigest(), 16) % 10**6
-                tries = "".join(f" --try {other}" for other in sorted(others))
-                left.append(f"robustbn attack-search {_search_space(c['norm'], p['defense'])} --on {path} "
-                            f"--sampler-seed {sampler}{tries} --db results/board.sqlite --confirm {confirm} && "
-                            f"robustbn run {confirm} --db results/board.sqlite")
+        confirm = confirmation_of(path)
+        # the attacks found against this defense at its other points are tried here too
+        # (--try): a short search must not miss what broke the same defense next door
+        others = [confirmation_of(q) for (norm, defense, *point), q in tuned.items()
+                  if (norm, defense) == (c["norm"], p["defense"]) and q != path and confirmation_of(q) in confirmed]
+        searched = confirm in confirmed
+        done = searched and all(tried_in(confirm, other) for other in others)
+        if not done and p["worst_acc"] <= chance + ABOVE_CHANCE:
+            continue  # broken already: nothing a search finds changes the map
+        rows.append((c, p, done, searched))
+        if not done:
+            sampler = 1000 + int(hashlib.sha256(Path(path).stem.encode()).hexdigest(), 16) % 10**6
+            tries = "".join(f" --try {other}" for other in sorted(others))
+            left.append(f"robustbn attack-search {_search_space(c['norm'], p['defense'])} --on {path} "
+                        f"--sampler-seed {sampler}{tries} --db results/board.sqlite --confirm {confirm} && "
+                        f"robustbn run {confirm} --db results/board.sqlite")
     return tuple(rows), tuple(left)
 
 
@@ -945,19 +967,20 @@ def curve_searches() -> None:
         return
     rows, left = curve_search_rows()
     print(f"{sum(row[2] for row in rows)} of the {len(rows)} picks a search could change are searched and "
-          f"confirmed (at points with two defenses or more, each pick standing more than {100 * ABOVE_CHANCE:g} "
-          f"point above chance, or searched already). Each search runs on seeds 10 and 11 at the defense's tuned lr "
+          f"confirmed: at points with two defenses or more, each pick of the map; at points with two protocols or "
+          f"more, each pick that decides which protocol stands highest (the leader, or one tied with it); each "
+          f"standing more than {100 * ABOVE_CHANCE:g} point above chance, or searched already. Each search runs on seeds 10 and 11 at the defense's tuned lr "
           f"and then tries (`--try`) the attacks confirmed against the same defense at its other points, so that a "
           f"short search does not miss what broke it next door; its attack is confirmed on seeds 0-4, which the "
           f"curves and the map then count. A search that ends on one of the catalogue's attacks confirms runs the "
           f"tuned file has made already (the same runs): the point reads searched, and its worst attack stays "
           f"a catalogue one.\n")
     if rows:
-        print("| protocol | threat model | gamma | f | pick | worst case now | searched |")
-        print("|---|---|---|---|---|---|---|")
+        print("| protocol | threat model | gamma | f | pick | worst case now | its search could turn | searched |")
+        print("|---|---|---|---|---|---|---|---|")
         for c, p, done, searched in rows:
             print(f"| {norm_words(c['norm'])} | {'root-free' if c['threat'] is None else 'trusted'} | {c['gamma']:g} | "
-                  f"{c['f']} | {compact_defense(p['defense'])} (lr {p['lr']:g}) | {estimate_cell(p)} | "
+                  f"{c['f']} | {compact_defense(p['defense'])} (lr {p['lr']:g}) | {estimate_cell(p)} | {c['decides']} | "
                   f"{'yes' if done else PARTLY if searched else 'not yet'} |")
     picked = {(c["norm"], p["defense"], c["gamma"], c["f"]) for c, p, *_ in rows}
     elsewhere = [(key, t) for key, t in confirmed_points().items() if key not in picked]

@@ -432,7 +432,7 @@ def test_curve_searches_pass_over_a_tied_pick_at_chance(tmp_path, monkeypatch, c
     tables.curve_searches()
     out = capsys.readouterr().out
     assert "1 of the 2 picks a search could change are searched" in out
-    assert "| FBN | root-free | 0.5 | 3 | mean (lr 0.1) | 10.0 [10.0, 10.0] (5 seeds) | yes |" in out
+    assert "| FBN | root-free | 0.5 | 3 | mean (lr 0.1) | 10.0 [10.0, 10.0] (5 seeds) | the map | yes |" in out
     # nnm+median's search then tries the mean's found attack too... only where it is the same defense:
     # a confirmed search of another defense is no --try of this one
     (command,) = [line for line in out.splitlines() if line.startswith("robustbn attack-search")]
@@ -657,3 +657,49 @@ def test_curve_findings_pair_each_sweeps_ends_and_the_trusted_defense_against_th
     assert f"| {short['nnm+median']}: 72.0 [" in at_1 and at_1.endswith("| -10.0 [-10.0, -10.0] (5 pairs; lower) |")
     assert ", not searched yet | +25.0 [25.0, 25.0] (5 pairs; higher) |" in at_4
     assert not any(line.startswith("| FBN | 0.1 | 2 |") for line in out)
+
+
+def test_curve_searches_list_the_picks_that_decide_a_protocol_verdict(tmp_path, monkeypatch, capsys):
+    """A point where each protocol has one defense (no map choice to turn): the protocol that
+    stands highest is searched, since a stronger attack could turn which protocol is highest; the
+    one below it is not (lowering it turns nothing). Once the two are tied, both are."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import tables
+    from test_worst_case import ATTACKS, BASE, DEFENSES, add
+
+    from robustbn.evaluate import toml_text
+    from robustbn.store import Store
+
+    tuned_dir = tmp_path / tables.TUNED_DIR
+    tuned_dir.mkdir(parents=True)
+    noise = [0.00, 0.03, -0.02, 0.01, -0.01]
+
+    def runs_at(level: dict[str, list[float]]) -> list[dict]:
+        with Store(tmp_path / f"{len(list(tmp_path.iterdir()))}.sqlite") as store:
+            for norm, accs in level.items():
+                values = {**BASE, "norm": norm, "f": 3, "gamma": 1.0, "lr": 0.05, "seed": list(range(5)),
+                          **DEFENSES["mean"]}
+                (tuned_dir / f"tuned_{norm}_mean.toml").write_text(toml_text(values))
+                for seed, acc in enumerate(accs):
+                    add(store, acc, norm=norm, f=3, gamma=1.0, lr=0.05, seed=seed, **DEFENSES["mean"],
+                        **ATTACKS["sf-mean"])
+            return store.rows()
+
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    monkeypatch.setattr(tables, "_search_space", lambda norm, defense: f"scenarios/search_{norm}.toml")
+    runs = runs_at({"fbn": [0.3 + e for e in noise], "naive": [0.6 + e for e in noise]})
+    monkeypatch.setattr(tables, "curve_runs", lambda x=None: runs)
+    tables.curve_searches()
+    out = capsys.readouterr().out
+    assert "0 of the 1 picks a search could change are searched" in out
+    assert "| naive BN | root-free | 1 | 3 | mean (lr 0.05) | 60.2 [" in out and "| the protocol verdict | not yet |" in out
+    (command,) = [line for line in out.splitlines() if line.startswith("robustbn attack-search")]
+    assert f"--on {tables.TUNED_DIR}/tuned_naive_mean.toml" in command
+    runs = runs_at({"fbn": [0.5 + e for e in noise], "naive": [0.5 + e for e in noise[2:] + noise[:2]]})
+    monkeypatch.setattr(tables, "curve_runs", lambda x=None: runs)
+    tables.curve_searches()
+    out = capsys.readouterr().out
+    assert "0 of the 2 picks a search could change are searched" in out
+    assert sorted(line.split(" --on ")[1].split()[0] for line in out.splitlines() if line.startswith("robustbn attack-search")) \
+        == [f"{tables.TUNED_DIR}/tuned_fbn_mean.toml", f"{tables.TUNED_DIR}/tuned_naive_mean.toml"]
