@@ -37,6 +37,7 @@ from .labels import (  # noqa: E402
 from .stats import ACCURACY, CLIPPED_PERCENT_WORDS, MIN_PAIRS, accuracy, bands, ci_text, interval  # noqa: E402
 from .stats import chance as chance_of  # noqa: E402
 from .worst import (  # noqa: E402
+    AT_CHANCE,
     ATTACK_FIELDS,
     BEST,
     DEFENSE_FIELDS,
@@ -561,31 +562,40 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
         raise ValueError(f"no attacked run has both {x} and {y}: nothing to map")
     norms = list(dict.fromkeys(c["norm"] for c in cells))
     chance = chance_of(rows[0])
-    # root-free, then trusted server data: a column each (where any protocol ran it), a protocol a row
+    # a panel per protocol and threat model (root-free, then trusted server data, where any protocol
+    # ran it), one above the other: side by side, a page's width shrank their words past reading
     models = [m for m in (False, True) if any((c["threat"] is not None) == m for c in cells)]
     xs = sorted({hashable(c[x]) for c in cells}, key=sort_key)
     ys = sorted({hashable(c[y]) for c in cells}, key=sort_key)
-    fig, axes = plt.subplots(len(norms), len(models), figsize=(len(models) * (2.1 * len(xs) + 1.4) + 1.2,
-                                                               len(norms) * (1.1 * len(ys) + 0.9) + 1),
+    panels = [(n, m) for n in norms for m in models]
+    at = lambda p: "".join(f" {k} {p[k]}" for k in tuned)
+    band = lambda p: "" if p["ci_low"] is None or p["ci_high"] is None else \
+        f" [{100 * p['ci_low']:.0f}, {100 * p['ci_high']:.0f}]"
+    broken = lambda p: p["worst_acc"] <= chance + AT_CHANCE
+
+    def words(c: dict[str, Any]) -> str:
+        """The cell's verdict (it counts the picks at chance), then each pick above chance: its
+        defense, then its numbers on a line of their own (the map's table names them all)."""
+        up = [p for p in c["picks"] if not broken(p)]
+        lines = textwrap.wrap(pick_head(c, chance), 24)
+        for p in up[:3]:
+            lines += [*textwrap.wrap(compact_defense(p["defense"]), 24), f"{100 * p['worst_acc']:.0f}%{band(p)}{at(p)}"]
+        more = [f"+{len(up) - 3} more"] * (len(up) > 3)  # those at chance: the verdict counts them
+        return "\n".join(lines + [", ".join(more)] * bool(more))
+
+    texts = {id(c): words(c) for c in cells}
+    row = max(0.95, 0.13 * max(t.count("\n") + 1 for t in texts.values()) + 0.15)  # inches: the fullest cell fits
+    fig, axes = plt.subplots(len(panels), 1, figsize=(1.75 * len(xs) + 2.2, len(panels) * (row * len(ys) + 0.8) + 1),
                              squeeze=False, layout="constrained")
     im = None
-    for ax, (norm, trusted) in zip(axes.flat, [(n, m) for n in norms for m in models]):
+    for ax, (norm, trusted) in zip(axes.flat, panels):
         here = [c for c in cells if c["norm"] == norm and (c["threat"] is not None) == trusted]
         grid = np.full((len(ys), len(xs)), np.nan)
         for c in here:
             i, j = ys.index(hashable(c[y])), xs.index(hashable(c[x]))
             top = max(p["worst_acc"] for p in c["picks"])
             grid[i, j] = 100 * top
-            shown = c["picks"][:3]
-            at = lambda p: "".join(f" {k} {p[k]}" for k in tuned)
-            band = lambda p: "" if p["ci_low"] is None or p["ci_high"] is None else \
-                f" [{100 * p['ci_low']:.0f}, {100 * p['ci_high']:.0f}]"
-            words = ["\n".join(textwrap.wrap(
-                f"{compact_defense(p['defense'])} {100 * p['worst_acc']:.0f}%{band(p)}{at(p)}", 38, max_lines=3,
-                placeholder=" ...")) for p in shown]
-            words += [f"+{len(c['picks']) - 3} more"] * (len(c["picks"]) > 3)
-            head = "\n".join(textwrap.wrap(pick_head(c, chance), 38))
-            ax.text(j, i, "\n".join([head, *words]), ha="center", va="center", fontsize=7,
+            ax.text(j, i, texts[id(c)], ha="center", va="center", fontsize=7, linespacing=1.05,
                     color="white" if top < 0.6 else "black")
         ax.set_facecolor("0.93")  # not run
         im = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto", origin="lower")
@@ -595,7 +605,7 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
         ax.set_ylabel(y)
         ax.set_title(f"{norm_words(norm)}, {'trusted server data' if trusted else 'root-free'}"
                      + ("" if here else ": no run of this threat model among these"), fontsize=9)
-    fig.colorbar(im, ax=list(axes.flat), label="the best worst-case accuracy (%)")
+    fig.colorbar(im, ax=list(axes.flat), label="the best worst-case accuracy (%)", fraction=0.04, aspect=12 * len(panels))
     seeds = sorted({p["seeds"] for c in cells for p in c["picks"]})
     on = f"{seeds[0]} seeds" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]} seeds (robustbn results --worst-case)"
     caption = textwrap.fill("per cell: the best defense (use), or every one tied for best, paired over seeds; "

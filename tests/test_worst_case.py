@@ -550,6 +550,7 @@ def test_the_map_names_the_best_or_the_tied_set_per_cell_by_the_paired_rule(tmp_
         (3, 1.0): lambda s: (0.60 + noise[s], 0.60 + noise[(s + 1) % 5]),        # tied
         (1, 0.0): lambda s: (0.70 + noise[s], 0.55 + noise[(s + 3) % 5]),        # the mean best
         (1, 1.0): lambda s: (0.80, 0.70),                                         # two seeds: no verdict
+        (4, 0.0): lambda s: (0.10, 0.13 + 0.04 * (-1) ** s),                      # tied, the mean at chance
     }
     store = Store(tmp_path / "m.sqlite")
     for (f, gamma), acc in accs.items():
@@ -581,6 +582,9 @@ def test_the_map_names_the_best_or_the_tied_set_per_cell_by_the_paired_rule(tmp_
     band = f"[{100 * p['ci_low']:.0f}, {100 * p['ci_high']:.0f}]"
     assert texts[(1, 0)].replace("\n", " ") == f"use mean (grad), nnm+median (BN) {100 * p['worst_acc']:.0f}% {band}"
     assert texts[(1, 1)].startswith("2 tied\n") and texts[(0, 1)].startswith("2 seeds, no verdict\n")
+    # a tied pick at chance is counted in the verdict, not drawn: the cell names the pick above it alone
+    assert texts[(2, 0)].replace("\n", " ").startswith("2 tied, one at chance: none shown above it mean (grad), "
+                                                       "nnm+median (BN) 14% [") and texts[(2, 0)].count("%") == 1
     assert "[95% interval], on 1-5 seeds" in fig.get_suptitle().replace("\n", " ")
     # a second setting at one point (another eval_every): the map names the field, it does not overlay them
     store = Store(tmp_path / "m.sqlite")
