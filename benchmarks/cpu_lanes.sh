@@ -28,8 +28,8 @@ sys.path.insert(0, "docs")
 import tables
 
 lane = int(sys.argv[1])
-tune = ("robustbn tune scenarios/robustness_fmnist.toml --grid 'lr=[0.01,0.05,0.1]' --db results/board.sqlite "
-        "--out scenarios/tuned/robustness_fmnist --first 'norm=[fbn,naive]' --quiet")
+tune = (f"robustbn tune {tables.ROBUSTNESS_MATRIX} {tables.GRID_OPTION} --db results/board.sqlite "
+        f"--out {tables.TUNED_DIR} --first 'norm=[fbn,naive]' --quiet")
 for line in tables.curve_search_rows()[1][lane - 1::2]:
     print(line)
 if lane == 2:

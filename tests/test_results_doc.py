@@ -261,7 +261,8 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     assert re.search(r"\| mean \(grad\), nnm\+median \(BN\): 82\.0 \[[\d.]+, [\d.]+\] \(5 seeds; lr 0\.01, "
                      r"not searched yet\) \|", out)
     assert 'A pick "not searched yet" stands on the catalogue\'s attacks only' in out
-    (tmp_path / confirm).write_text("")
+    tuned_text = (tuned_dir / "tuned_fbn_nnm_median_gamma_1.toml").read_text()
+    (tmp_path / confirm).write_text(tuned_text)  # a confirmation runs at its point's tuned lr
     searched = [{**r, "source": confirm} if r["gamma"] == 1.0 and r["bn_agg"] == "nnm+median" else r for r in runs]
     monkeypatch.setattr(tables, "curve_runs", lambda x=None: searched)
     mine = [r for r in searched if r.get("source") == confirm]
@@ -276,6 +277,13 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     tables.robustness_map()
     out = capsys.readouterr().out
     assert re.search(r"82\.0 \[[\d.]+, [\d.]+\] \(5 seeds; lr 0\.01, searched\)", out) and "not searched yet" not in out
+    # once the point's choice moves (a wider grid), the confirmation at the old lr is another setting: not read,
+    # and the pick is searched again
+    (tmp_path / confirm).write_text(tuned_text.replace("lr = 0.01", "lr = 0.005"))
+    tables.curve_searches()
+    assert "0 of the 1 picks a search could change are searched" in capsys.readouterr().out
+    assert confirm not in tables.current_confirmations() and confirm in tables.curve_confirmations()
+    (tmp_path / confirm).write_text(tuned_text)
     # the same runs made on a GPU (their hashes are the GPU's) finish the confirmation too
     from robustbn.store import scenario_hash
     monkeypatch.setattr(tables, "own_seed_runs",
@@ -423,7 +431,7 @@ def test_curve_searches_pass_over_a_tied_pick_at_chance(tmp_path, monkeypatch, c
     assert f"--on {tables.TUNED_DIR}/tuned_fbn_nnm_median.toml" in command
     # a pick that its own confirmed search brought to chance stays listed, as searched
     confirm = f"{tables.TUNED_DIR}/searched_worst_fbn_mean.toml"
-    (tmp_path / confirm).write_text("")
+    (tmp_path / confirm).write_text((tuned_dir / "tuned_fbn_mean.toml").read_text())
     searched = [{**r, "source": confirm} if r["bn_agg"] == "mean" else r for r in runs]
     mine = [r for r in searched if r.get("source") == confirm]
     monkeypatch.setattr(tables, "curve_runs", lambda x=None: searched)
