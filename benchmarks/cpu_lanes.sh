@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 40's robustness curves on a CPU machine: two background lanes (a process each, one core
-# each) that run what is left, and rerun it as it changes: the curve searches that the live store
-# lists as left (docs/tables.curve_search_rows, half each), then lane 1 the tuning (an hour at a
-# time) and lane 2 the tuned files' reporting runs then 30 minutes of the tuning. Every run lands
-# in the store, so any stop loses at most the runs in flight (checkpointed, resumed).
+# each) that run what is left, and rerun it as it changes: the tuning (lane 1 an hour at a time,
+# lane 2 30 minutes), then the curve searches that the live store lists as left
+# (docs/tables.curve_search_rows, half each), then lane 2 the tuned files' reporting runs. Every
+# run lands in the store, so any stop loses at most the runs in flight (checkpointed, resumed).
 #   bash benchmarks/cpu_lanes.sh start    results/board.sqlite rebuilt from docs/results.csv where
 #                                         there is none (robustbn import), then the two lanes
 #   bash benchmarks/cpu_lanes.sh freeze   pause both lanes (SIGSTOP): timings and CI on an idle machine
@@ -30,11 +30,12 @@ import tables
 lane = int(sys.argv[1])
 tune = (f"robustbn tune {tables.ROBUSTNESS_MATRIX} {tables.GRID_OPTION} --db results/board.sqlite "
         f"--out {tables.TUNED_DIR} --first 'norm=[fbn,naive]' --quiet")
+# the tuning first: a search or a reporting run at a point whose lr then moves is spent for nothing
+print(f"timeout -s TERM {3600 if lane == 1 else 1800} {tune}")
 for line in tables.curve_search_rows()[1][lane - 1::2]:
     print(line)
 if lane == 2:
-    print("robustbn run scenarios/tuned/robustness_fmnist/tuned_*.toml --db results/board.sqlite --quiet --yes")
-print(f"timeout -s TERM {3600 if lane == 1 else 1800} {tune}")
+    print(f"robustbn run {tables.TUNED_DIR}/tuned_*.toml --db results/board.sqlite --quiet --yes")
 PY
 }
 

@@ -904,7 +904,7 @@ def curve_search_rows() -> tuple[tuple, tuple]:
     # a confirmation counts once every run of it has finished (a found attack that is one of the
     # catalogue's has the tuned file's runs, which count for it too)
     confirmed = {f for f in current_confirmations() if all_finished(f)}
-    rows, left = [], []
+    rows, left, waiting = [], [], unsettled_points()
     for c, p in search_candidates(runs, chance):
         path = tuned.get((c["norm"], p["defense"], c["gamma"], c["f"]))
         if path is None:
@@ -919,7 +919,7 @@ def curve_search_rows() -> tuple[tuple, tuple]:
         if not done and p["worst_acc"] <= chance + ABOVE_CHANCE:
             continue  # broken already: nothing a search finds changes the map
         rows.append((c, p, done, searched))
-        if not done:
+        if not done and (c["norm"], p["defense"], c["gamma"], c["f"]) not in waiting:
             sampler = 1000 + int(hashlib.sha256(Path(path).stem.encode()).hexdigest(), 16) % 10**6
             tries = "".join(f" --try {other}" for other in sorted(others))
             left.append(f"robustbn attack-search {_search_space(c['norm'], p['defense'])} --on {path} "
@@ -935,6 +935,28 @@ def point_of_file(path: str) -> tuple[tuple, Any]:
     with chdir(ROOT):
         d = expand_channels(expand(read(path), path)[0].to_dict())
     return (d["norm"], setting_defense_words(d), d["gamma"], d["f"]), d["lr"]
+
+
+@cache
+def tuning_choices() -> tuple[dict[str, dict], list[dict]]:
+    """The tuning's finished runs (by the plan's hash) and every defense's choice over them
+    (robustbn.tune.settled_choices: `complete` once its pruning has settled)."""
+    from robustbn.matrix import read
+    from robustbn.tune import settled_choices
+
+    plan, point_of, by_hash = tuning_plan()
+    alias = device_aliases(by_hash)  # a run finished on a GPU is the plan's run, as `robustbn tune` reads it
+    finished = {alias[r["hash"]]: {**r, "hash": alias[r["hash"]]} for r in tuning_runs() if r["hash"] in alias}
+    return finished, settled_choices(finished, {"lr": read(ROOT / tuning_file())["lr"]}, plan, point_of)
+
+
+def unsettled_points() -> set[tuple]:
+    """The (norm, defense, gamma, f) whose lr the tuning has not settled (a grid value still
+    running): its tuned file may still move, so its search waits."""
+    if not (ROOT / tuning_file()).is_file():
+        return set()
+    return {(c["norm"], c["defense"], c["setting"]["gamma"], c["setting"]["f"]) for c in tuning_choices()[1]
+            if not c["complete"]}
 
 
 def tuned_points() -> dict[tuple, str]:
@@ -991,10 +1013,14 @@ def curve_searches() -> None:
     if rows:
         print("| protocol | threat model | gamma | f | pick | worst case now | its search could turn | searched |")
         print("|---|---|---|---|---|---|---|---|")
+        waiting = unsettled_points()
         for c, p, done, searched in rows:
+            status = "yes" if done else PARTLY if searched else "not yet"
+            if not done and (c["norm"], p["defense"], c["gamma"], c["f"]) in waiting:
+                status += " (its lr is being tuned again: the search waits for it)"
             print(f"| {norm_words(c['norm'])} | {'root-free' if c['threat'] is None else 'trusted'} | {c['gamma']:g} | "
                   f"{c['f']} | {compact_defense(p['defense'])} (lr {p['lr']:g}) | {estimate_cell(p)} | {c['decides']} | "
-                  f"{'yes' if done else PARTLY if searched else 'not yet'} |")
+                  f"{status} |")
     picked = {(c["norm"], p["defense"], c["gamma"], c["f"]) for c, p, *_ in rows}
     elsewhere = [(key, t) for key, t in confirmed_points().items() if key not in picked]
     if elsewhere:
@@ -1054,27 +1080,24 @@ def tuning_moved() -> None:
     from robustbn.labels import compact_defense, norm_words
     from robustbn.matrix import read
     from robustbn.stats import chance as chance_of
-    from robustbn.tune import settled_choices
 
     if not (ROOT / tuning_file()).is_file():
         print(f"No tuning run yet. {tuning_status()}")
         return
     values = read(ROOT / tuning_file())
     base = read(ROOT / ROBUSTNESS_MATRIX)["lr"]
-    plan, point_of, by_hash = tuning_plan()
-    alias = device_aliases(by_hash)  # a run finished on a GPU is the plan's run, as `robustbn tune` reads it
-    finished = {alias[r["hash"]]: {**r, "hash": alias[r["hash"]]} for r in tuning_runs() if r["hash"] in alias}
+    finished, choices = tuning_choices()
     # every defense the tuning plans, per point and threat model; one whose pruning has not settled
     # has no choice yet, whatever its points have run
     planned = planned_defenses()
     points = defaultdict(list)
-    for c in settled_choices(finished, {"lr": values["lr"]}, plan, point_of):
+    for c in choices:
         if c["complete"]:
             points[curve_cell(c["setting"])].append(c)
     done = {k: cs for k, cs in points.items() if len(cs) == planned[k]}
     if not done:
         settled = sum(len(cs) for cs in points.values())
-        print(f"No point fully tuned yet ({settled} of {len(plan.defenses)} defenses' choices settled). "
+        print(f"No point fully tuned yet ({settled} of {len(choices)} defenses' choices settled). "
               f"{tuning_status()}")
         return
     print(f"On the tuning seeds ({', '.join(map(str, values['seed']))}) and the catalogue's attacks only: two "

@@ -704,6 +704,13 @@ def test_curve_searches_list_the_picks_that_decide_a_protocol_verdict(tmp_path, 
     assert "| naive BN | root-free | 1 | 3 | mean (lr 0.05) | 60.2 [" in out and "| the protocol verdict | not yet |" in out
     (command,) = [line for line in out.splitlines() if line.startswith("robustbn attack-search")]
     assert f"--on {tables.TUNED_DIR}/tuned_naive_mean.toml" in command
+    # while the point's lr is tuned again (a wider grid), its tuned file may move: the search waits
+    monkeypatch.setattr(tables, "unsettled_points", lambda: {("naive", "mean", 1.0, 3)})
+    tables.curve_searches()
+    out = capsys.readouterr().out
+    assert "| not yet (its lr is being tuned again: the search waits for it) |" in out
+    assert "robustbn attack-search" not in out
+    monkeypatch.setattr(tables, "unsettled_points", set)
     runs = runs_at({"fbn": [0.5 + e for e in noise], "naive": [0.5 + e for e in noise[2:] + noise[:2]]})
     monkeypatch.setattr(tables, "curve_runs", lambda x=None: runs)
     tables.curve_searches()
