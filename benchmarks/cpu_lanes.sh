@@ -2,8 +2,9 @@
 # Issue 40's robustness curves on a CPU machine: two background lanes (a process each, one core
 # each) that run what is left, and rerun it as it changes: the tuning (lane 1 an hour at a time,
 # lane 2 30 minutes), then the curve searches that the live store lists as left
-# (docs/tables.curve_search_rows, half each), then lane 2 the tuned files' reporting runs. Every
-# run lands in the store, so any stop loses at most the runs in flight (checkpointed, resumed).
+# (docs/tables.curve_search_rows, half each), then lane 2 the reporting runs of the tuned files
+# whose lr is settled. Every run lands in the store, so any stop loses at most the runs in flight
+# (checkpointed, resumed).
 #   bash benchmarks/cpu_lanes.sh start    results/board.sqlite rebuilt from docs/results.csv where
 #                                         there is none (robustbn import), then the two lanes
 #   bash benchmarks/cpu_lanes.sh freeze   pause both lanes (SIGSTOP): timings and CI on an idle machine
@@ -34,8 +35,10 @@ tune = (f"robustbn tune {tables.ROBUSTNESS_MATRIX} {tables.GRID_OPTION} --db res
 print(f"timeout -s TERM {3600 if lane == 1 else 1800} {tune}")
 for line in tables.curve_search_rows()[1][lane - 1::2]:
     print(line)
-if lane == 2:
-    print(f"robustbn run {tables.TUNED_DIR}/tuned_*.toml --db results/board.sqlite --quiet --yes")
+unsettled = tables.unsettled_points()
+settled = [path for point, path in tables.tuned_points().items() if point not in unsettled]
+if lane == 2 and settled:  # the tuned files whose lr the tuning has settled
+    print(f"robustbn run {' '.join(settled)} --db results/board.sqlite --quiet --yes")
 PY
 }
 
