@@ -105,6 +105,13 @@ def test_the_table_marks_a_choice_among_broken_points(tmp_path, capsys):
     (row,) = [line for line in table.splitlines() if line.startswith("fbn")]
     assert row.endswith("lr=0.05 (at chance)")
     assert "1 choice (at chance): every grid point within 1 point of chance" in table
+    # the grid given the other way round: the same runs, the columns still in increasing lr, the tie to its first
+    assert main(["tune", str(path), "--grid", "lr=[0.1,0.05]", "--db", str(tmp_path / "t.sqlite"), "--quiet"]) == 0
+    table = capsys.readouterr().out
+    (head,) = [line for line in table.splitlines() if line.startswith("norm")]
+    assert head.index("lr=0.05") < head.index("lr=0.1")
+    (row,) = [line for line in table.splitlines() if line.startswith("fbn")]
+    assert row.endswith("lr=0.1 (at chance)") and "(ties: the first in the grid's order, lr=0.1; lr=0.05)" in table
 
 
 @pytest.mark.parametrize("args, words", [

@@ -297,9 +297,13 @@ def cmd_tune(args) -> int:
                 row["chosen"] += " (at chance)"
                 at_chance += 1
             table.append(row)
-        print(text_table(table, ["norm", "defense", *setting_fields(values), *(words(p) for p in points), "chosen"]))
+        # a numeric grid's columns in increasing order, whatever order it was given in (new values last, say)
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for p in points for v in p.values())
+        shown = sorted(points, key=lambda p: tuple(p.values())) if numeric else points
+        print(text_table(table, ["norm", "defense", *setting_fields(values), *(words(p) for p in shown), "chosen"]))
+        ties = "" if shown == points else f" (ties: the first in the grid's order, {'; '.join(words(p) for p in points)})"
         print(f"\nworst case over the attacks (%), mean over the tuning seeds {', '.join(map(str, seeds))}; "
-              f"chosen: the max over the grid")
+              f"chosen: the max over the grid{ties}")
         if at_chance:
             print(f"{at_chance} choice{'s' * (at_chance != 1)} (at chance): every grid point within "
                   f"{100 * AT_CHANCE:g} point of chance under some attack; the rule still picks the highest, but no "
