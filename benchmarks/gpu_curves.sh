@@ -84,7 +84,8 @@ if [ "$search" -gt 0 ]; then
   echo "gpu_curves: ${#searches[@]} curve searches started beside the tuning, for $search s"
 fi
 start=$SECONDS
-timeout -s TERM -k 30 "$limit" python3 -m robustbn.cli tune scenarios/robustness_fmnist.toml --grid 'lr=[0.01,0.05,0.1,0.005,0.2]' \
+lrs=$(python3 -c "import sys; sys.path.insert(0, 'docs'); import tables; print(','.join(map(str, tables.LR_GRID)))")
+timeout -s TERM -k 30 "$limit" python3 -m robustbn.cli tune scenarios/robustness_fmnist.toml --grid "lr=[$lrs]" \
   --db "$store" --out "$tuned" --jobs "$jobs" --device "$device" --quiet --first 'norm=[fbn,naive]' >"$out/tune.txt" 2>&1
 rc=$?
 wall=$((SECONDS - start))

@@ -624,9 +624,9 @@ def curve_findings() -> None:
     print("\nWhat the server's clean data buys at each point: the trusted defense against the root-free pick (the "
           "highest pooled worst case of the root-free defenses run there, chosen on the same seeds it is compared "
           "on, so the difference leans a little its way; difference: trusted - root-free, paired over seeds). The "
-          "trusted defense is alone in its threat model, so no search runs against it on the curves (none could "
-          "change its map cell): its worst case is over the catalogue's attacks only, and a difference in its favour "
-          "may shrink.\n")
+          "trusted defense is alone in its threat model, so no search could change its map cell: it is searched "
+          "only where it decides which protocol stands highest (the searches below); elsewhere its worst case is "
+          "over the catalogue's attacks only, and a difference in its favour may shrink.\n")
     print("| protocol | gamma | f | trusted | highest root-free | difference |")
     print("|---|---|---|---|---|---|")
     for (norm, gamma, f), here in sorted(points.items(), key=lambda kv: (norm_order(kv[0][0]), kv[0][1:])):
@@ -715,7 +715,7 @@ def robustness_map() -> None:
               f"against the same defense at its other points (listed below): they can still lower it.\n")
     if any(state == NOT_SEARCHED for state in notes.values()):
         print("A pick \"not searched yet\" stands on the catalogue's attacks only: its search (listed below) can "
-              "still lower it and change the cell.\n")
+              "still lower it and change the cell, or which protocol stands highest.\n")
 
 
 def protocol_map() -> None:
@@ -929,10 +929,16 @@ def curve_search_rows() -> tuple[tuple, tuple]:
 
 
 def point_of_file(path: str) -> tuple[tuple, Any]:
-    """A tuned or confirmation file's point and defense, (norm, defense, gamma, f), and its lr."""
+    """A tuned or confirmation file's point and defense, (norm, defense, gamma, f), and its lr
+    (read again only once the file changes: every section reads it)."""
+    return _point_of_file(ROOT, path, (ROOT / path).stat().st_mtime_ns)
+
+
+@cache
+def _point_of_file(root: Path, path: str, mtime_ns: int) -> tuple[tuple, Any]:
     from robustbn.matrix import expand, read
 
-    with chdir(ROOT):
+    with chdir(root):
         d = expand_channels(expand(read(path), path)[0].to_dict())
     return (d["norm"], setting_defense_words(d), d["gamma"], d["f"]), d["lr"]
 
@@ -968,8 +974,8 @@ def current_confirmations() -> tuple[str, ...]:
     """The confirmations the curves read: each at its point's tuned lr. One made before its
     point's choice moved (the grid widened) ran another setting: its runs count as spent (the
     time table), not in the curves, and the point's search is listed again."""
-    lr = {point_of_file(path)[0]: point_of_file(path)[1] for path in tuned_files()}
-    return tuple(f for f in curve_confirmations() if lr.get(point_of_file(f)[0], "none") == point_of_file(f)[1])
+    lr = dict(point_of_file(path) for path in tuned_files())
+    return tuple(f for f in curve_confirmations() if (at := point_of_file(f))[0] in lr and lr[at[0]] == at[1])
 
 
 def confirmation_of(tuned_path: str) -> str:
@@ -989,12 +995,11 @@ def tried_in(confirm: str, other: str) -> bool:
 
 
 def curve_searches() -> None:
-    """Where a search could change the map: at each point and threat model with two defenses or
-    more, every picked defense (the best, or each tied for it) that stands above chance is
-    searched at its tuned lr and the attack found is confirmed on seeds 0-4 (a tied pick at
-    chance has nothing left for the map to lose; one whose confirmation brought it there stays
-    listed). A confirmation can change the pick; the next run of this
-    section then lists the new pick's search."""
+    """Where a search could change the map or the protocol verdict (`search_candidates`): each
+    such pick above chance is searched at its tuned lr and the attack found is confirmed on
+    seeds 0-4 (a tied pick at chance has nothing left to lose; one whose confirmation brought it
+    there stays listed). A confirmation can change the pick; the next run of this section then
+    lists the new pick's search."""
     from robustbn.labels import compact_defense, norm_words
 
     if not curve_runs():
@@ -1097,7 +1102,7 @@ def tuning_moved() -> None:
     done = {k: cs for k, cs in points.items() if len(cs) == planned[k]}
     if not done:
         settled = sum(len(cs) for cs in points.values())
-        print(f"No point fully tuned yet ({settled} of {len(choices)} defenses' choices settled). "
+        print(f"No point fully tuned yet ({settled} of {len(tuning_plan()[0].defenses)} defenses' choices settled). "
               f"{tuning_status()}")
         return
     print(f"On the tuning seeds ({', '.join(map(str, values['seed']))}) and the catalogue's attacks only: two "
@@ -1764,12 +1769,17 @@ def _setting_but_attack(r: dict) -> tuple:
 def curve_hashes() -> frozenset:
     """The robustness curves' runs: the tuning's (seeds 10, 11), the tuned and confirmation files'
     (seeds 0-4), and the curve searches' trials (a tuned point's setting, another attack, off the
-    reported seeds; a board search at the same setting and lr would count here too), finished or
-    not: no other section's accounting counts them."""
+    reported seeds; a board search at the same setting and lr would count here too), at any lr
+    of the grid (a point's choice may have moved since), finished or not: no other section's
+    accounting counts them."""
     files = (tuning_file(), *tuned_files(), *curve_confirmations())
     own = {r["hash"] for f in files if (ROOT / f).is_file() for r in own_seed_runs(f)}
-    points = {_setting_but_attack(r) for f in tuned_files() if (ROOT / f).is_file() for r in own_seed_runs(f)}
-    trials = {r["hash"] for r in rows() if r["seed"] not in BOARD_SEEDS and _setting_but_attack(r) in points}
+    # and those a tuned file or a confirmation made at an lr its point has since moved from
+    own |= {r["hash"] for r in rows() if str(r.get("source") or "").startswith(f"{TUNED_DIR}/")}
+    at_any_lr = lambda r: _setting_but_attack({k: v for k, v in r.items() if k != "lr"})
+    points = {at_any_lr(r) for f in tuned_files() if (ROOT / f).is_file() for r in own_seed_runs(f)}
+    trials = {r["hash"] for r in rows() if r["seed"] not in BOARD_SEEDS and r.get("lr") in LR_GRID
+              and at_any_lr(r) in points}
     return frozenset(own | trials)
 
 

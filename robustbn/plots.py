@@ -574,10 +574,11 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
     broken = lambda p: p["worst_acc"] <= chance + AT_CHANCE
 
     def words(c: dict[str, Any]) -> str:
-        """The cell's verdict (it counts the picks at chance), then each pick above chance: its
-        defense, then its numbers on a line of their own (the map's table names them all)."""
-        up = [p for p in c["picks"] if not broken(p)]
-        lines = textwrap.wrap(pick_head(c, chance), 24)
+        """The cell's verdict, then each pick (those at chance left out where the verdict counts
+        them): its defense, then its numbers on a line of their own (the map's table names them all)."""
+        head = pick_head(c, chance)
+        up = [p for p in c["picks"] if not broken(p)] if "chance" in head else c["picks"]
+        lines = textwrap.wrap(head, 24)
         for p in up[:3]:
             lines += [*textwrap.wrap(compact_defense(p["defense"]), 24), f"{100 * p['worst_acc']:.0f}%{band(p)}{at(p)}"]
         more = [f"+{len(up) - 3} more"] * (len(up) > 3)  # those at chance: the verdict counts them

@@ -99,10 +99,12 @@ def choose(rows: list[dict[str, Any]], grid: dict[str, list[Any]],
         for t in worst_case(at_point[i]):
             if not t.get("f"):
                 continue
-            # labels made of the fields, the grid's included (a rule's parameters, a root set's size), are no identity
-            ident = tuple((k, repr(hashable(v))) for k, v in t.items() if k not in _NOT_IDENTITY and k not in keys
-                          and not k.startswith("no_attack") and not k.startswith("gap")
-                          and k not in ("verdict", "defense", "server_data"))
+            # labels made of the fields, the grid's included (a rule's parameters, a root set's size), are no identity;
+            # a worst-case table lists a field (as None) where any of its rows has it, so an absent field and a None
+            # are the same, and the order of a row's fields is no identity either
+            ident = tuple(sorted((k, repr(hashable(v))) for k, v in t.items() if v is not None
+                                 and k not in _NOT_IDENTITY and k not in keys and not k.startswith("no_attack")
+                                 and not k.startswith("gap") and k not in ("verdict", "defense", "server_data")))
             label = setting_defense_words({k: v for k, v in t.items() if k not in keys})
             d = defenses.setdefault(ident, {"norm": t["norm"], "defense": label, "by_point": {}, "setting": t})
             d["by_point"][i] = t

@@ -587,21 +587,28 @@ def test_the_curve_cost_table_splits_each_curves_runs_once(capsys):
 
 def test_tuning_moved_reads_the_tuning_runs_of_every_device(capsys):
     """A tuning run finished on a GPU hashes apart from the CPU's (the device is in the hash) and
-    is the same run to `robustbn tune`: each point whose defenses all have a tuned file (written
-    by tune once its choice settled) is a row of the table, at the file's lr."""
+    is the same run to `robustbn tune`: it is among the runs the choices read, under the plan's
+    hash. Each point whose defenses all have a tuned file at their settled choice (tune writes it
+    once the choice settles; a moved choice's file at its next wave) is a row of the table, at
+    the files' lr."""
     sys.path.insert(0, str(ROOT / "docs"))
     import tables
     from robustbn.labels import norm_words
-    from robustbn.matrix import read
 
     assert any(str(r.get("device")).startswith("cuda") for r in tables.tuning_runs()), \
         "the shipped runs no longer hold a tuning run on a GPU"
+    finished, choices = tables.tuning_choices()
+    assert any(str(r.get("device")).startswith("cuda") for r in finished.values())
+    settled = {(c["norm"], c["defense"], c["setting"]["gamma"], c["setting"]["f"]): c["chosen"]["lr"]
+               for c in choices if c["complete"]}
     files = defaultdict(list)
     for f in tables.tuned_files():
-        first = tables.own_seed_runs(f) or [tables.planned_scenarios(f)[0]]
-        files[tables.curve_cell(first[0])].append(read(ROOT / f)["lr"])
+        point, lr = tables.point_of_file(f)
+        if settled.get(point) == lr:
+            first = tables.own_seed_runs(f) or [tables.planned_scenarios(f)[0]]
+            files[tables.curve_cell(first[0])].append(lr)
     whole = {cell: lrs for cell, lrs in files.items() if len(lrs) == tables.planned_defenses()[cell]}
-    assert whole
+    assert whole, "no point of the shipped runs has every defense tuned and written"
     tables.tuning_moved()
     out = capsys.readouterr().out
     # a choice may settle in the runs exported before tune's next wave writes its file: at least

@@ -640,3 +640,15 @@ def test_worst_cases_equal_but_for_float_noise_are_a_tie_and_the_first_grid_poin
     assert d["chosen"] == {"lr": 0.01}
     rows = [_row(sc, accs[sc["lr"]] + (0.0001 if sc["lr"] == 0.1 else 0)) for _, sc in PLANNED if sc["grad_agg"] == "mean"]
     assert choose(rows, GRID)[0]["chosen"] == {"lr": 0.1}  # one test example in 10,000 is a difference
+
+
+def test_a_defense_is_one_whatever_other_defenses_ran_at_each_grid_point():
+    """A worst-case table lists a field where any of its rows has it (None elsewhere): where only
+    one grid point has run a filtered defense, the other defenses' rows there carry client_filter
+    None and its key order differs. Each defense is still one, with a score at every point."""
+    rows = [_row(sc, 0.5) for _, sc in PLANNED if sc["grad_agg"] == "mean"]
+    filtered = [_row({**sc, "client_filter": "bnguard"}, 0.4) for _, sc in PLANNED
+                if sc["grad_agg"] == "median" and sc["lr"] == 0.01]
+    chosen = choose(rows + filtered, GRID)
+    mean = [d for d in chosen if d["defense"].startswith("mean")]
+    assert len(mean) == 1 and mean[0]["complete"] and [s["worst_acc"] for s in mean[0]["scores"]] == [0.5] * 3
