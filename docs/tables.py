@@ -1777,7 +1777,7 @@ def curve_hashes() -> frozenset:
     # and those a tuned file or a confirmation made at an lr its point has since moved from
     own |= {r["hash"] for r in rows() if str(r.get("source") or "").startswith(f"{TUNED_DIR}/")}
     at_any_lr = lambda r: _setting_but_attack({k: v for k, v in r.items() if k != "lr"})
-    points = {at_any_lr(r) for f in tuned_files() if (ROOT / f).is_file() for r in own_seed_runs(f)}
+    points = {at_any_lr(r) for f in files[1:] if (ROOT / f).is_file() for r in own_seed_runs(f)}
     trials = {r["hash"] for r in rows() if r["seed"] not in BOARD_SEEDS and r.get("lr") in LR_GRID
               and at_any_lr(r) in points}
     return frozenset(own | trials)

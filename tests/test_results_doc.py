@@ -601,6 +601,9 @@ def test_tuning_moved_reads_the_tuning_runs_of_every_device(capsys):
     assert any(str(r.get("device")).startswith("cuda") for r in finished.values())
     settled = {(c["norm"], c["defense"], c["setting"]["gamma"], c["setting"]["f"]): c["chosen"]["lr"]
                for c in choices if c["complete"]}
+    # a tuned file's point is spelled as the tuning's choices spell it (unsettled_points and the lanes match them)
+    assert set(tables.tuned_points()) <= {(c["norm"], c["defense"], c["setting"]["gamma"], c["setting"]["f"])
+                                          for c in choices}
     files = defaultdict(list)
     for f in tables.tuned_files():
         point, lr = tables.point_of_file(f)
