@@ -906,7 +906,8 @@ def curve_search_rows() -> tuple[tuple, tuple]:
     confirmed = {f for f in current_confirmations() if all_finished(f)}
     rows, left, waiting = [], [], unsettled_points()
     for c, p in search_candidates(runs, chance):
-        path = tuned.get((c["norm"], p["defense"], c["gamma"], c["f"]))
+        point = (c["norm"], p["defense"], c["gamma"], c["f"])
+        path = tuned.get(point)
         if path is None:
             continue
         confirm = confirmation_of(path)
@@ -919,7 +920,7 @@ def curve_search_rows() -> tuple[tuple, tuple]:
         if not done and p["worst_acc"] <= chance + ABOVE_CHANCE:
             continue  # broken already: nothing a search finds changes the map
         rows.append((c, p, done, searched))
-        if not done and (c["norm"], p["defense"], c["gamma"], c["f"]) not in waiting:
+        if not done and point not in waiting:
             sampler = 1000 + int(hashlib.sha256(Path(path).stem.encode()).hexdigest(), 16) % 10**6
             tries = "".join(f" --try {other}" for other in sorted(others))
             left.append(f"robustbn attack-search {_search_space(c['norm'], p['defense'])} --on {path} "
