@@ -193,7 +193,7 @@ for g in 0.0 1.0; do
     --title "Worst case over the catalogue's and the searched attacks, f = 3 of 10, gamma = $g (Fashion-MNIST, demo scale)"
 done
 # issue 40: the robustness curves; each defense's lr tuned at each point (seeds 10 and 11), then run on 0-4
-robustbn tune scenarios/robustness_fmnist.toml --grid 'lr=[0.01,0.05,0.1,0.005,0.2]' --db $DB \
+robustbn tune scenarios/robustness_fmnist.toml --grid 'lr=[0.01,0.05,0.1,0.005,0.2,0.002]' --db $DB \
   --out scenarios/tuned/robustness_fmnist --jobs 2
 for f in scenarios/tuned/robustness_fmnist/tuned_*.toml; do $RUN "$f"; done
 robustbn results --db $DB --format csv > docs/results.csv
