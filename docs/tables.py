@@ -23,7 +23,7 @@ import os
 import re
 import sys
 import tempfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 from contextlib import chdir
 from functools import cache
 from pathlib import Path
@@ -1135,12 +1135,15 @@ def tuning_moved() -> None:
 
 def grid_edge(grid: list[float], choices: list[dict], chance: float = 0.1) -> None:
     """How many settled choices sit at an end of the lr grid, where a wider grid could find a
-    better lr (ByzFL's rule is the max over the grid given), and whether their margins say so."""
-    from robustbn.labels import norm_words
+    better lr (ByzFL's rule is the max over the grid given), and which defenses they are."""
+    from robustbn.labels import compact_defense, norm_words
 
     low, high = min(grid), max(grid)
     at = {edge: [c for c in choices if c["chosen"]["lr"] == edge] for edge in (low, high)}
-    edge_words = " and ".join(f"{len(cs)} at lr {edge:g} (its {'lowest' if edge == low else 'highest'})"
+    def which(cs):  # the defenses at an edge: a wider grid is worth trying for those
+        counts = Counter(compact_defense(c["defense"]) for c in cs)
+        return "".join(f"; {d} {k}" for d, k in counts.most_common())
+    edge_words = " and ".join(f"{len(cs)} at lr {edge:g} (its {'lowest' if edge == low else 'highest'}{which(cs)})"
                               for edge, cs in at.items())
     broken = sum(1 for cs in at.values() for c in cs if c["chosen_acc"] <= chance + ABOVE_CHANCE)
     by_norm = defaultdict(lambda: [0, 0])

@@ -385,12 +385,13 @@ def test_grid_edge_counts_the_choices_at_either_end_of_the_grid(capsys):
     sys.path.insert(0, str(ROOT / "docs"))
     import tables
 
-    choice = lambda norm, lr, acc: {"norm": norm, "chosen": {"lr": lr}, "chosen_acc": acc}
-    tables.grid_edge([0.01, 0.05, 0.1], [choice("fbn", 0.01, 0.1), choice("fbn", 0.05, 0.6), choice("fbn", 0.1, 0.7),
-                                         choice("naive", 0.1, 0.5)])
+    choice = lambda norm, lr, acc, defense="fltrust on the gradients": {
+        "norm": norm, "chosen": {"lr": lr}, "chosen_acc": acc, "defense": defense}
+    tables.grid_edge([0.01, 0.05, 0.1], [choice("fbn", 0.01, 0.1, "mean"), choice("fbn", 0.05, 0.6),
+                                         choice("fbn", 0.1, 0.7), choice("naive", 0.1, 0.5)])
     out = capsys.readouterr().out
-    assert "of the 4 choices settled, 1 at lr 0.01 (its lowest) and 2 at lr 0.1 (its highest); 1 of those at chance" \
-        in out
+    assert ("of the 4 choices settled, 1 at lr 0.01 (its lowest; mean 1) and 2 at lr 0.1 (its highest; "
+            "fltrust (grad) 2); 1 of those at chance") in out
     assert "Per protocol, at an edge: FBN 2 of 3, naive BN 1 of 1." in out
 
 
