@@ -83,6 +83,12 @@ case ${1:-status} in
       [ -s "$Q/lane$n.pid" ] || continue
       pkill -TERM -s "$(cat "$Q/lane$n.pid")"; pkill -CONT -s "$(cat "$Q/lane$n.pid")"
     done
+    for _ in $(seq 120); do  # a stopped tune writes the choices its last runs settled: wait for it (an export follows)
+      alive=0
+      for n in 1 2; do [ -s "$Q/lane$n.pid" ] && pgrep -s "$(cat "$Q/lane$n.pid")" >/dev/null && alive=1; done
+      [ $alive = 0 ] && break
+      sleep 1
+    done
     echo "cpu_lanes: both lanes ended; the runs they left resume at the next start" ;;
   status)
     for n in 1 2; do echo "lane $n: $(tail -n 1 "$Q/lane$n.log" 2>/dev/null | cut -c1-160)"; done

@@ -418,6 +418,37 @@ def test_a_defense_s_tuned_file_is_written_once_it_settles_and_then_never_change
     assert {Path(d["file"]).name for d in got["defenses"]} == set(final)
 
 
+def test_a_stopped_tune_writes_the_choices_its_last_runs_settled(tmp_path, monkeypatch, capsys):
+    """A tune stopped (SIGTERM, a lane halted) just after a wave's runs landed writes the tuned
+    files those runs settled, as the next wave would have: an export that follows the stop finds
+    each settled choice in its file, not the one before it."""
+    import signal
+
+    import robustbn.execute as execute
+    from robustbn.checkpoint import Interrupted
+
+    path = tmp_path / "m.toml"
+    path.write_text(toml_text({**MATRIX, "exclude": [{"grad_agg": "mean", "grad_attack": "nan"}]}))
+    out, real = tmp_path / "tuned", execute.run_matrix
+
+    def stopped_after_its_runs(scenarios, *args, **kwargs):
+        real(scenarios, *args, **kwargs)
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(execute, "run_matrix", stopped_after_its_runs)
+    argv = ["tune", str(path), "--grid", "lr=[0.0001,0.1]", "--db", str(tmp_path / "t.sqlite"), "--out", str(out),
+            "--jobs", "1", "--quiet"]
+    assert main(argv) == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM" in capsys.readouterr().err
+    # the first wave ran each point's most harmful attack: the mean's only one (settled), the median's first
+    settled = "tuned_fbn_mean_on_the_gradients_median_on_the_mean_and_variance.toml"
+    assert [p.name for p in out.glob("tuned_*")] == [settled]  # and no partial file
+    monkeypatch.setattr(execute, "run_matrix", real)
+    assert main([*argv, "--format", "json"]) == 0  # resumed to the end: the stop's file was the choice
+    mean = next(d for d in json.loads(capsys.readouterr().out)["defenses"] if d["defense"].startswith("mean"))
+    assert read(mean["file"])["lr"] == mean["chosen"]["lr"]
+
+
 @settings(max_examples=200, deadline=None)
 @given(ranks=st.lists(st.integers(0, 3), max_size=40), min_runs=st.integers(0, 20))
 def test_a_wave_cut_to_its_first_runs_keeps_whole_ranks_best_first(ranks, min_runs):

@@ -170,7 +170,9 @@ def _write_tuned(finished: dict[str, dict], grid: dict, plan, point_of: dict, va
             path = out / f"tuned_{slug(c, values)}.toml"
             text = toml_text(tuned_values(values, c, report_seeds))
             if not path.is_file() or path.read_text(encoding="utf-8") != text:
-                path.write_text(text, encoding="utf-8")
+                partial = path.with_suffix(".toml.partial")  # a stop mid-write leaves the old file whole
+                partial.write_text(text, encoding="utf-8")
+                partial.replace(path)
             written.append(str(path))
             c["file"] = str(path)
     return choices, written
@@ -265,6 +267,8 @@ def cmd_tune(args) -> int:
                 with shared_workers():  # spawned once for every wave
                     summary = _pruned(plan, by_hash, alias, store, str(tuning), args, after_wave, rank)
         except Interrupted as e:
+            if not args.full:  # the choices the last runs settled, as the next wave would have written them
+                _write_tuned(_finished(store, alias), grid, plan, point_of, values, out, report_seeds)
             print(f"robustbn tune: stopped by {signal.Signals(e.signum).name}; the running runs are checkpointed in "
                   f"{checkpoint_dir(args.db)}; the same command resumes", file=sys.stderr)
             return 128 + e.signum
