@@ -94,17 +94,22 @@ class Adaptive(Attack):
         mean = honest.mean(0)
         sign = torch.sign(mean)
         step = self.lr * torch.linalg.vector_norm(mean)
-        b = mean.clone()
-        best, best_value = b.clone(), None
-        with torch.enable_grad():
-            for _ in range(self.steps + 1):
-                b.requires_grad_(True)
-                value = sign @ self.pipeline(torch.cat([honest, b.expand(f, -1)]))
-                (grad,) = torch.autograd.grad(value, b)
+        directed = lambda b: sign @ self.pipeline(torch.cat([honest, b.expand(f, -1)]))
+        b, best, best_value = mean.clone(), None, None
+        for i in range(self.steps + 1):
+            if i < self.steps:
+                with torch.enable_grad():
+                    b.requires_grad_(True)
+                    value = directed(b)
+                    (grad,) = torch.autograd.grad(value, b)
+            else:  # the last iterate is only scored: no backward pass (the pipeline's costliest part)
                 with torch.no_grad():
-                    better = value < best_value if best_value is not None else torch.ones((), dtype=torch.bool)
-                    best = torch.where(better, b, best)  # on the device: no host sync
-                    best_value = torch.where(better, value, best_value) if best_value is not None else value.detach()
+                    value = directed(b)
+            with torch.no_grad():
+                better = value < best_value if best_value is not None else torch.ones((), dtype=torch.bool)
+                best = torch.where(better, b, best) if best is not None else b.detach()  # on the device: no host sync
+                best_value = torch.where(better, value, best_value) if best_value is not None else value.detach()
+                if i < self.steps:
                     length = torch.linalg.vector_norm(grad)
                     b = b - step * grad / torch.where(length > 0, length, torch.ones_like(length))
         return repeat(best.detach(), f)

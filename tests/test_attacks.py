@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 
@@ -137,6 +137,35 @@ def test_the_adaptive_attack_turns_fltrust_against_the_honest_direction(seed, h,
     assert s @ pipeline(torch.cat([honest, byzantine])) <= start + 1e-9
     assert torch.equal(honest, before) and byzantine.shape == (f, 40)
     assert torch.equal(byzantine[0], byzantine[-1])  # f identical messages
+
+
+def adaptive_reference(pipeline, honest, f, steps=10, lr=0.2):
+    """The adaptive attack as first written: a backward pass at every iterate, the last included."""
+    mean = honest.mean(0)
+    sign, step = torch.sign(mean), lr * torch.linalg.vector_norm(mean)
+    b, best, best_value = mean.clone(), None, None
+    for _ in range(steps + 1):
+        b.requires_grad_(True)
+        value = sign @ pipeline(torch.cat([honest, b.expand(f, -1)]))
+        (grad,) = torch.autograd.grad(value, b)
+        with torch.no_grad():
+            if best_value is None or value < best_value:
+                best, best_value = b.clone(), value
+            b = b - step * grad / (torch.linalg.vector_norm(grad) if torch.linalg.vector_norm(grad) > 0 else 1.0)
+    return best.detach().expand(f, -1)
+
+
+@settings(max_examples=20)
+@given(seed=seeds, h=st.integers(2, 9), f=st.integers(1, 4), dtype=st.sampled_from([torch.float32, torch.float64]),
+       spec=st.sampled_from(["fltrust", "mean", "nnm+trmean"]))
+def test_the_adaptive_attack_forges_what_its_first_version_forged_bit_for_bit(seed, h, f, dtype, spec):
+    """Skipping the last iterate's backward pass is a saving, not a change: the same messages."""
+    g = torch.Generator().manual_seed(seed)
+    honest = (torch.randn(h, 30, generator=g) + 0.3).to(dtype)
+    reference = honest.mean(0) + (0.2 * torch.randn(30, generator=g)).to(dtype)
+    rule = aggregators.build(spec, f=0 if spec == "fltrust" else 1)
+    pipeline = (lambda x: rule(x, reference=reference)) if spec == "fltrust" else rule
+    assert torch.equal(attacks.build("adaptive", pipeline=pipeline)(honest, f), adaptive_reference(pipeline, honest, f))
 
 
 def test_the_adaptive_attack_finds_what_a_sign_flip_cannot_against_fltrust():
