@@ -2,8 +2,8 @@
 # Issue 40's robustness curves on a CPU machine: two background lanes (a process each, one core
 # each) that run what is left, and rerun it as it changes: the tuning (lane 1 an hour at a time,
 # lane 2 30 minutes), then the curve searches that the live store lists as left
-# (docs/tables.curve_search_rows, half each), then lane 2 the reporting runs of the tuned files
-# whose lr is settled. Every run lands in the store, so any stop loses at most the runs in flight
+# (docs/tables.curve_search_rows, half each), then the reporting runs of the tuned files whose lr
+# is settled (lane 2; both lanes once the tuning has settled every choice). Every run lands in the store, so any stop loses at most the runs in flight
 # (checkpointed, resumed).
 #   bash benchmarks/cpu_lanes.sh start    results/board.sqlite rebuilt from docs/results.csv where
 #                                         there is none (robustbn import), then the two lanes
@@ -37,7 +37,9 @@ for line in tables.curve_search_rows()[1][lane - 1::2]:
     print(line)
 unsettled = tables.unsettled_points()
 settled = [path for point, path in tables.tuned_points().items() if point not in unsettled]
-if lane == 2 and settled:  # the tuned files whose lr the tuning has settled
+# the tuned files whose lr the tuning has settled: lane 2's, and lane 1's too once nothing is left to tune
+# (the same list in the same order: each run is claimed in the store by one lane, the other skips it)
+if settled and (lane == 2 or not unsettled):
     print(f"robustbn run {' '.join(settled)} --db results/board.sqlite --quiet --yes")
 PY
 }
