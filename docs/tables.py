@@ -265,6 +265,21 @@ SWEEPS = {"gamma": ("f", 3), "f": ("gamma", 0.1)}  # along x, the other field he
 TUNED = ("lr",)
 
 
+def tuning_rule() -> None:
+    """The tuning rule as the lanes run it: LR_GRID's values, its tie order, the seeds."""
+    from robustbn.tune import REPORT_SEEDS, TUNING_SEEDS
+
+    def words(seeds):
+        if len(seeds) > 2 and list(seeds) == list(range(seeds[0], seeds[-1] + 1)):
+            return f"{seeds[0]}-{seeds[-1]}"
+        return ", ".join(map(str, seeds[:-1])) + f" and {seeds[-1]}"
+    print(f"Each defense's learning rate is tuned at each point before it is attacked, by ByzFL's rule (the max "
+          f"over lr in {{{', '.join(f'{v:g}' for v in sorted(LR_GRID))}}} of the worst case over the attacks; a "
+          f"tie goes to the one listed first in {', '.join(f'{v:g}' for v in LR_GRID)}, the order they joined the grid in) "
+          f"on "
+          f"seeds {words(TUNING_SEEDS)}; it is then run on seeds {words(REPORT_SEEDS)}.")
+
+
 def tuning_file() -> str:
     return f"{TUNED_DIR}/tune_{Path(ROBUSTNESS_MATRIX).stem}.toml"
 
