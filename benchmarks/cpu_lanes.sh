@@ -3,8 +3,8 @@
 # each) that run what is left, and rerun it as it changes: the tuning (lane 1 an hour at a time,
 # lane 2 30 minutes), then the curve searches that the live store lists as left
 # (docs/tables.curve_search_rows, half each), then the reporting runs of the tuned files whose lr
-# is settled (lane 2; both lanes once the tuning has settled every choice). Every run lands in the store, so any stop loses at most the runs in flight
-# (checkpointed, resumed).
+# is settled (lane 2; both lanes once the tuning has settled every choice). Every run lands in the
+# store, so any stop loses at most the runs in flight (checkpointed, resumed).
 #   bash benchmarks/cpu_lanes.sh start    results/board.sqlite rebuilt from docs/results.csv where
 #                                         there is none (robustbn import), then the two lanes
 #   bash benchmarks/cpu_lanes.sh freeze   pause both lanes (SIGSTOP): timings and CI on an idle machine

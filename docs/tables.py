@@ -275,9 +275,8 @@ def tuning_rule() -> None:
         return ", ".join(map(str, seeds[:-1])) + f" and {seeds[-1]}"
     print(f"Each defense's learning rate is tuned at each point before it is attacked, by ByzFL's rule (the max "
           f"over lr in {{{', '.join(f'{v:g}' for v in sorted(LR_GRID))}}} of the worst case over the attacks; a "
-          f"tie goes to the one listed first in {', '.join(f'{v:g}' for v in LR_GRID)}, the order they joined the grid in) "
-          f"on "
-          f"seeds {words(TUNING_SEEDS)}; it is then run on seeds {words(REPORT_SEEDS)}.")
+          f"tie goes to the one listed first in {', '.join(f'{v:g}' for v in LR_GRID)}, the order they joined the grid "
+          f"in) on seeds {words(TUNING_SEEDS)}; it is then run on seeds {words(REPORT_SEEDS)}.")
 
 
 def tuning_file() -> str:
