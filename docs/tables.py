@@ -305,21 +305,22 @@ def curve_cell(row: dict) -> tuple:
 
 
 @cache
-def planned_defenses() -> dict[tuple, int]:
-    """How many defenses the tuning plans per curve_cell: a map cell's full set."""
+def planned_defenses() -> dict[tuple, dict[tuple, str]]:
+    """The defenses the tuning plans per curve_cell (a map cell's full set): {identity: its name
+    in the worst-case tables' words}."""
     plan, _, by_hash = tuning_plan()
-    planned = defaultdict(set)
+    planned = defaultdict(dict)
     for h in sorted(plan.hashes):  # a set: its order would change with each process's string hashing
         row = expand_channels(by_hash[h].to_dict())
-        planned[curve_cell(row)].add(plan.identity(row))
-    return {k: len(v) for k, v in planned.items()}
+        planned[curve_cell(row)][plan.identity(row)] = setting_defense_words(row)
+    return dict(planned)
 
 
 def expected_defenses(norm, threat, gamma, f) -> int | None:
-    """defense_map's `expected`: the cell's planned defenses (None where the tuning is not written)."""
+    """defense_map's `expected`: how many defenses the cell plans (None where the tuning is not written)."""
     if not (ROOT / tuning_file()).is_file():
         return None
-    return planned_defenses().get((norm, float(gamma), int(f), threat))
+    return len(planned_defenses().get((norm, float(gamma), int(f), threat), {})) or None
 
 
 @cache
@@ -410,14 +411,17 @@ def tuning_status() -> str:
 
     done = {r["hash"] for r in tuning_runs() if is_attack(r)}
     total, attacked = runs_planned(tuning_file()), runs_planned(tuning_file(), attacked=True)  # expanded once
-    files = tuned_files() + curve_confirmations()  # the tuned files and their searches' confirmations
-    reported = len({r["hash"] for f in files for r in own_seed_runs(f)})
-    planned = len({h for f in files for h in planned_hashes(f)})
+    def count(files):  # (finished, planned) runs on seeds 0-4
+        return (len({r["hash"] for f in files for r in own_seed_runs(f)}),
+                len({h for f in files for h in planned_hashes(f)}))
+
+    (reported, planned), (searched, confirming) = count(tuned_files()), count(current_confirmations())
     return (f"Tuning: {len(done)} of at most {attacked} attacked runs (`{tuning_file()}`: {total} runs, of which "
             f"the rule reads the attacked ones; pruning skips the rest of a point's attacks once it cannot be "
             f"chosen); tuned points: {len(tuned_files())} of {len(tuning_plan()[0].defenses)} files written, "
-            f"{reported} of their {planned} runs on seeds 0-4; the curves and the map read the "
-            f"{sum(map(all_finished, tuned_files()))} whose runs have all finished.")
+            f"{reported} of their {planned} runs on seeds 0-4 (and {searched} of the {confirming} runs of the "
+            f"searches' confirmations at the tuned lr); the curves and the map read the "
+            f"{sum(map(all_finished, tuned_files()))} tuned files whose runs have all finished.")
 
 
 def _digest(drawn) -> str:
@@ -462,10 +466,20 @@ def robustness_table(x: str) -> None:
         return
     lines = robustness_lines(runs, x, TUNED)
     xs = sorted({t[x] for mine in lines.values() for pts in mine.values() for t in pts})
-    # the matrix's protocols (or their root-free defenses) with no finished point yet: said, not left to be missed
+    # the matrix's protocols, or their planned defenses, with no finished point yet: said, not left to be missed
     norms = read(ROOT / ROBUSTNESS_MATRIX)["norm"] if (ROOT / ROBUSTNESS_MATRIX).is_file() else []
-    missing = [norm_words(n) if n not in lines else f"{norm_words(n)}'s root-free defenses" for n in norms
-               if n not in lines or all(pts[0].get("server_data") for pts in lines[n].values())]
+    planned = planned_defenses() if (ROOT / tuning_file()).is_file() else {}
+    missing = []
+    for n in norms:
+        drawn = {pts[0]["defense"] for pts in lines.get(n, {}).values()}
+        left = sorted({w for (norm, *at, _), ds in planned.items() if norm == n and dict(zip(("gamma", "f"), at))[held]
+                       == value for w in ds.values()} - drawn)
+        if n not in lines:
+            missing.append(norm_words(n))
+        elif left:
+            missing.append(f"{norm_words(n)}'s {', '.join(compact_defense(w) for w in left)}")
+        elif not planned and all(pts[0].get("server_data") for pts in lines[n].values()):
+            missing.append(f"{norm_words(n)}'s root-free defenses")
     print(f"{held} = {value}. A row per defense and {x}: the worst case over the attacks run (%) [95% CI] (seeds; a "
           f"diverged run counts at chance and is counted), \"searched\" where a confirmed attack search's attack is "
           f"among them (elsewhere the catalogue's only: such a point can still fall), the lr tuned at that point, "
@@ -520,9 +534,11 @@ def f_sweep_level() -> None:
     chance = chance_of(values)
     lr = values["lr"]
 
-    def best(table):
-        e = max((t for t in table if not t.get("server_data") and t["worst_acc"] is not None),
-                key=lambda t: t["worst_acc"], default=None)
+    def best(table, planned=None):  # planned: how many root-free defenses the point is to have
+        free = [t for t in table if not t.get("server_data") and t["worst_acc"] is not None]
+        if planned and 0 < len(free) < planned:  # the highest of some is no pick: the rest may stand above it
+            return None, f"{len(free)} of {planned} finished"
+        e = max(free, key=lambda t: t["worst_acc"], default=None)
         if e is None:
             return None, "-"
         est = Estimate(e["seeds"], e["worst_acc"], e["ci_low"], e["ci_high"], e.get("worst_std"))
@@ -534,33 +550,39 @@ def f_sweep_level() -> None:
     runs = curve_runs("gamma")
     curve = robustness_lines(runs, "gamma", TUNED) if runs else {}
     at = lambda norm, g: [t for pts in curve.get(norm, {}).values() for t in pts if t["gamma"] == g]
+    on_curve = lambda norm, g: best(at(norm, g), expected_defenses(norm, None, g, f))
     print(f"Why gamma = {held:g}: at gamma = 0 each honest client holds about one class, and a curve along f "
           f"means something only where the defenses stand above chance ({100 * chance:.0f}%) at f = {f}. Each "
           f"protocol's highest root-free worst case at f = {f} (the board: lr {lr:g}; the curves: each defense at its "
           f"tuned lr, finished points only):\n")
     print(f"| protocol | the board, gamma = 0 | the curves, gamma = 0 | the curves, gamma = {held:g} |")
     print("|---|---|---|---|")
-    low = []
+    low, lifted = [], []
     for norm in values["norm"]:
         board_acc, board_text = best(on_board.get(norm, []))
         if board_acc is not None and board_acc - chance < NEAR_CHANCE:
             low.append(f"{norm_words(norm)}'s best stands {100 * (board_acc - chance):.1f} points above chance")
-        print(f"| {norm_words(norm)} | {board_text} | {best(at(norm, 0.0))[1]} | {best(at(norm, held))[1]} |")
+            if (tuned_acc := on_curve(norm, 0.0)[0]) is not None and tuned_acc - chance >= NEAR_CHANCE:
+                lifted.append(f"{norm_words(norm)}'s stands at {100 * tuned_acc:.1f}")
+        print(f"| {norm_words(norm)} | {board_text} | {on_curve(norm, 0.0)[1]} | {on_curve(norm, held)[1]} |")
     print()
     if low:
         print(f"On the board at gamma = 0, {', '.join(low)}: a sweep of f there would have almost no room to "
               f"fall, so the f sweep holds gamma = {held:g}, the smallest gamma above 0 that the gamma sweep runs "
-              f"(the most heterogeneous level after gamma = 0). That was chosen before the curves ran.")
+              f"(the most heterogeneous level after gamma = 0). That was chosen before the curves ran."
+              + (f" On the curves, each defense at its tuned lr, gamma = 0 has more room than that: "
+                 f"{', '.join(lifted)}. The premise held at the board's lr {lr:g}, not at the tuned ones; the level "
+                 f"was kept, since its runs had started." if lifted else ""))
     else:
         print(f"No protocol's best root-free row on the board stands within {100 * NEAR_CHANCE:.0f} points of chance "
               f"at gamma = 0 now; "
               f"the f sweep holds gamma = {held:g} as the file was set.")
     # the same test on the curves, at the sweep's level and along gamma: where the choice held, and where not
-    near = [(norm, acc) for norm in values["norm"] if (acc := best(at(norm, held))[0]) is not None
+    near = [(norm, acc) for norm in values["norm"] if (acc := on_curve(norm, held)[0]) is not None
             and acc - chance < NEAR_CHANCE]
     if near:
         roomy = [g for g in sorted(values["gamma"]) if g > held and all(
-            (acc := best(at(norm, g))[0]) is not None and acc - chance >= NEAR_CHANCE for norm, _ in near)]
+            (acc := on_curve(norm, g)[0]) is not None and acc - chance >= NEAR_CHANCE for norm, _ in near)]
         from robustbn.worst import BEST, TIED, defense_map
 
         # the f values where the map's root-free pick (or tied set) stands above chance: where the f curve says anything
@@ -568,7 +590,7 @@ def f_sweep_level() -> None:
                         and c["verdict"] in (BEST, TIED)
                         and all(p["worst_acc"] > chance + ABOVE_CHANCE for p in c["picks"])})  # none tied with chance
         lower = [f"{norm_words(norm)} ({100 * acc:.1f} against {100 * zero:.1f})" for norm, acc in near
-                 if (zero := best(at(norm, 0.0))[0]) is not None and acc <= zero]
+                 if (zero := on_curve(norm, 0.0)[0]) is not None and acc <= zero]
         print(f"\nMeasured on the curves, the level has less room than the board promised: at gamma = {held:g}, "
               f"f = {f}, " + ", ".join(f"{norm_words(norm)}'s best stands {100 * (acc - chance):.1f} points above "
                                       f"chance" for norm, acc in near)
@@ -651,10 +673,11 @@ def curve_findings() -> None:
             continue
         pick = max(free, key=lambda t: t["worst_acc"])
         planned = expected_defenses(norm, None, gamma, f)
-        left = f" ({len(free)} of {planned} root-free defenses finished)" if planned and len(free) < planned else ""
+        waiting = planned and len(free) < planned  # the highest of some is no pick: the rest may stand above it
         for trusted in (t for t in here.values() if t.get("server_data")):
-            print(f"| {norm_words(norm)} | {gamma:g} | {f} | {named(trusted)}: {est(trusted)} | {named(pick)}: "
-                  f"{est(pick)}{left} | {difference(trusted, pick)} |")
+            root_free = f"{len(free)} of {planned} finished, no pick yet" if waiting else f"{named(pick)}: {est(pick)}"
+            print(f"| {norm_words(norm)} | {gamma:g} | {f} | {named(trusted)}: {est(trusted)} | {root_free} | "
+                  f"{'-' if waiting else difference(trusted, pick)} |")
     data = sorted({t["server_data"] for here in points.values() for t in here.values() if t.get("server_data")})
     print("".join(f"\n(trusted): the server's data, {d}." for d in data))
 
@@ -699,10 +722,13 @@ def robustness_map() -> None:
     # the picks a search could change: searched (confirmed) or not yet; and every point with a confirmed search
     notes = pick_notes()
     # a row per pick in three columns, not a grid of cells naming several defenses each: a phone's width
-    print("Each point's verdict is on its first row; the rows under it are the defenses tied with it, or, under a "
-          "lone pick, the closest other defense and how much lower it stands (paired over seeds). Each defense: its "
+    print("Each point's verdict is on its first row; the rows under it are the defenses tied with it (the gap: the "
+          "first - it, paired over seeds, its interval holding 0), or, under a lone pick, the closest other defense "
+          "and how much lower it stands (paired over seeds). Each defense: its "
           "worst case (%) [95% interval] (seeds; its tuned lr, and \"searched\" where an attack search's confirmed "
-          "attack is among those run there). (grad): on the gradients, (BN): on the BN mean and variance.\n")
+          "attack is among those run there; with neither \"searched\" nor \"not searched yet\", the catalogue's "
+          "attacks only, where no search could change the verdict). (grad): on the gradients, (BN): on the BN mean "
+          "and variance.\n")
     for norm, threat, here in panels:
         print(f"{norm_words(norm)}, {'root-free' if threat is None else 'trusted server data (' + threat + ')'}:\n")
         print("| gamma, f | verdict | defense: worst case |")
@@ -714,17 +740,18 @@ def robustness_map() -> None:
                 after = [c["runner_up"]] if c and c.get("runner_up") else []
                 for i, p in enumerate([*c["picks"], *after] if c else ()):
                     note = notes.get((norm, threat, g, f, p["defense"]), "")
-                    head = pick_head(c, chance) if i == 0 else "" if "gap" not in p else f"next, lower by {gap_cell(p)}"
+                    head = pick_head(c, chance) if i == 0 else f"next, lower by {gap_cell(p)}" if p in after else \
+                        f"tied, gap {gap_cell(p)}" if p.get("gap_pairs") else ""
                     words = estimate_cell(p)[:-1] + f"; lr {p['lr']:g}{MAP_SEARCH_WORDS.get(note, note)})"
                     print(f"| {f'{g:g}, {f}' if i == 0 else ''} | {head} | {compact_defense(p['defense'])}: {words} |")
         print()
-    cells = defense_map(runs, "gamma", "f", TUNED)  # as the figure draws them
+    cells = defense_map(runs, "gamma", "f", TUNED, expected_defenses)  # as the figure draws them
     digest = _map_digest(cells)
     image = ROOT / "docs" / "img" / "robustness_map.png"
     if not os.environ.get("ROBUSTBN_DOCS_CHECK"):
         image.parent.mkdir(parents=True, exist_ok=True)
         plot(runs, "map", str(image), x="gamma", y="f", tuned=TUNED, metadata={"robustbn-data": digest},
-             title="Fashion-MNIST, n = 10; each defense at its tuned lr")
+             title="Fashion-MNIST, n = 10; each defense at its tuned lr", expected=expected_defenses)
     print(f"![which defense to use where](img/robustness_map.png) <!-- data {digest} -->\n")
     if any(state == NOT_TRIED for state in notes.values()):
         print(f"A pick \"searched ({PARTLY})\" has its own search confirmed, but not yet tried the attacks confirmed "
@@ -764,7 +791,7 @@ def protocol_map() -> None:
     note = lambda c, t: notes.get((t["norm"], c["threat"], c["gamma"], c["f"], t["defense"]), "")
     protocol_tables(ranked(runs, "gamma", "f", TUNED, expected_defenses), chance, {False: planned, True: planned},
                     lambda c, t: f"; lr {t['lr']:g}{MAP_SEARCH_WORDS.get(note(c, t), note(c, t))}",
-                    lambda c, t: note(c, t) == SEARCHED_WORDS)
+                    lambda c, t: note(c, t) == SEARCHED_WORDS, lambda c, t: note(c, t) == NOT_TRIED)
     protocol_figures()
     same_defense(runs, planned)
 
@@ -778,7 +805,7 @@ def protocol_figures() -> None:
     for x, (held, value) in SWEEPS.items():
         if not (mine := curve_runs(x)):
             continue
-        cells = ranked(mine, "gamma", "f", TUNED)  # as the figure draws them
+        cells = ranked(mine, "gamma", "f", TUNED, expected_defenses)  # as the figure draws them
         drawn = [(c["threat"], c["gamma"], c["f"], [(p["norm"], p["defense"], round(p["worst_acc"], 6),
                                                      *(p.get(k) for k in TUNED)) for p in c["protocols"]])
                  for c in cells]
@@ -787,15 +814,18 @@ def protocol_figures() -> None:
         if not os.environ.get("ROBUSTBN_DOCS_CHECK"):
             image.parent.mkdir(parents=True, exist_ok=True)
             plot(mine, "protocols", str(image), x=x, tuned=TUNED, metadata={"robustbn-data": digest},
-                 title=f"Fashion-MNIST, n = 10, {held} = {value:g}; each defense at its tuned lr")
+                 title=f"Fashion-MNIST, n = 10, {held} = {value:g}; each defense at its tuned lr",
+                 expected=expected_defenses)
         print(f"![which BN protocol along {x}](img/protocols_{x}.png) <!-- data {digest} -->\n")
 
 
-def protocol_tables(cells: list[dict], chance: float, planned: dict[bool, list[str]], words, searched) -> None:
+def protocol_tables(cells: list[dict], chance: float, planned: dict[bool, list[str]], words, searched,
+                    partly=lambda c, t: False) -> None:
     """protocol_map's cells as a table per threat model, a row per protocol (a phone's width):
     `planned[trusted]` the protocols meant to be in that threat model, `words(cell, pick)` after
     each worst case's seeds (its lr, whether searched), `searched(cell, pick)` whether its attack
-    search is confirmed (else the verdict is provisional). Where the cell has no verdict (too few
+    search is confirmed (else the verdict is provisional), `partly(cell, pick)` whether it is
+    but has not yet tried the other points' attacks. Where the cell has no verdict (too few
     pairs), the rows give the gap alone."""
     from robustbn.labels import compact_defense, norm_words
     from robustbn.report import pick_tail
@@ -812,8 +842,8 @@ def protocol_tables(cells: list[dict], chance: float, planned: dict[bool, list[s
         print("|---|---|---|")
         for c in here:
             for i, t in enumerate(c["protocols"]):
-                verdict = protocol_head(c, chance, planned_here) + provisional(c, lambda p: searched(c, p), chance) \
-                    if i == 0 else gap_words(c, t)
+                verdict = protocol_head(c, chance, planned_here) + provisional(
+                    c, lambda p: searched(c, p), chance, lambda p: partly(c, p)) if i == 0 else gap_words(c, t)
                 point = f"{c['gamma']:g}, {c['f']}" if i == 0 else ""
                 print(f"| {point} | {verdict} | {norm_words(t['norm'])} "
                       f"({compact_defense(t['defense'])}): {estimate_cell(t)[:-1]}{words(c, t)}{pick_tail(t)}) |")
@@ -840,14 +870,17 @@ def same_defense(runs: list[dict], planned: list[str]) -> None:
     rows = [(key, here) for key, here in by_point.items() if reference in here and any(n in here for n in others)]
     print(f"The same defense for every protocol, each at its own tuned lr: the difference against "
           f"{norm_words(reference)} (other - {norm_words(reference)}, paired over seeds; \"higher\" or \"lower\" "
-          f"only where the interval excludes 0). No defense is chosen here, so nothing leans either way; a "
-          f"defense and point where only {norm_words(reference)} has finished is left out.\n")
+          f"only where the interval excludes 0). No defense is chosen here, so no selection leans either way; but "
+          f"where one side is \"searched\" (a confirmed attack search's attack among those it ran) and the other "
+          f"is not, the searched side's worst case is over more attacks. A defense and point where only "
+          f"{norm_words(reference)} has finished is left out.\n")
     if not rows:
         print(f"No defense has finished at the same point under {norm_words(reference)} and another protocol yet.\n")
         return
     print(f"| defense | gamma, f | {norm_words(reference)} | protocol: worst case, difference |")
     print("|---|---|---|---|")
     order = {"mean": 0}
+    marked = lambda t: estimate_cell(t) + (" searched" if t["searched"] else "")
     for (defense, data, g, f), here in sorted(rows, key=lambda kv: (order.get(kv[0][0], 1), kv[0][0],
                                                                      kv[0][1] or "", kv[0][2], kv[0][3])):
         ref = here[reference]
@@ -855,7 +888,7 @@ def same_defense(runs: list[dict], planned: list[str]) -> None:
             t = here[n]
             name = compact_defense(defense) + (" (trusted)" if data else "")
             print(f"| {name if i == 0 else ''} | {f'{g:g}, {f}' if i == 0 else ''} | "
-                  f"{estimate_cell(ref) if i == 0 else ''} | {norm_words(n)}: {estimate_cell(t)}, "
+                  f"{marked(ref) if i == 0 else ''} | {norm_words(n)}: {marked(t)}, "
                   f"{seeds_diff(t['worst_by_seed'], ref['worst_by_seed'])} |")
     data = sorted({k[1] for k, _ in rows if k[1]})
     print("".join(f"\n(trusted): the server's data, {d}." for d in data) + "\n")
@@ -919,7 +952,9 @@ def curve_search_rows() -> tuple[tuple, tuple]:
     tuned = tuned_points()
     # a confirmation counts once every run of it has finished (a found attack that is one of the
     # catalogue's has the tuned file's runs, which count for it too)
-    confirmed = {f for f in current_confirmations() if all_finished(f)}
+    current = set(current_confirmations())
+    confirmed = {f for f in current if all_finished(f)}
+    tried_here = given_attacks(confirmed)
     rows, left, waiting = [], [], unsettled_points()
     for c, p in search_candidates(runs, chance):
         point = (c["norm"], p["defense"], c["gamma"], c["f"])
@@ -927,10 +962,11 @@ def curve_search_rows() -> tuple[tuple, tuple]:
         if path is None:
             continue
         confirm = confirmation_of(path)
-        # the attacks found against this defense at its other points are tried here too
-        # (--try): a short search must not miss what broke the same defense next door
-        others = [confirmation_of(q) for (norm, defense, *point), q in tuned.items()
-                  if (norm, defense) == (c["norm"], p["defense"]) and q != path and confirmation_of(q) in confirmed]
+        # the attacks confirmed against this defense elsewhere are tried here too (--try): at its
+        # other points, and at an lr the grid's choice has since left (this point's own included,
+        # before its search rewrites that file): a short search must not miss what broke the same
+        # defense next door
+        others = [q for q in tried_here.get((c["norm"], p["defense"]), ()) if q != confirm or q not in current]
         searched = confirm in confirmed
         done = searched and all(tried_in(confirm, other) for other in others)
         if not done and p["worst_acc"] <= chance + ABOVE_CHANCE:
@@ -943,6 +979,21 @@ def curve_search_rows() -> tuple[tuple, tuple]:
                         f"--sampler-seed {sampler}{tries} --db results/board.sqlite --confirm {confirm} && "
                         f"robustbn run {confirm} --db results/board.sqlite")
     return tuple(rows), tuple(left)
+
+
+def given_attacks(confirmed: set[str]) -> dict[tuple, list[str]]:
+    """The confirmation files a search of each (norm, defense) tries (--try), one per attack: the
+    `confirmed` ones (current, finished), then those confirmed at an lr the point no longer runs
+    or kept when a later search replaced them, whose runs have all finished."""
+    from robustbn.labels import attack_words
+
+    current = set(current_confirmations())
+    out: dict[tuple, dict[str, str]] = defaultdict(dict)  # (norm, defense) -> {attack: file}
+    for f in sorted(confirmed) + sorted(set(curve_confirmations()) - current):
+        if f in confirmed or all_finished(f):
+            (norm, defense, *_), _ = point_of_file(f)
+            out[(norm, defense)].setdefault(attack_words(planned_scenarios(f)[0]), f)
+    return {k: sorted(v.values()) for k, v in out.items()}
 
 
 def point_of_file(path: str) -> tuple[tuple, Any]:
@@ -1047,8 +1098,9 @@ def curve_searches() -> None:
     elsewhere = [(key, t) for key, t in confirmed_points().items() if key not in picked]
     if elsewhere:
         print("\nSearches confirmed at a defense and point the table above does not list (its search moved the pick, "
-              "another defense rose above it, or the cell now stands at chance, where no search changes it); their "
-              "attacks count in the curves all the same:\n")
+              "another defense rose above it, the cell now stands at chance, where no search changes it, or, for a "
+              "trusted defense, no other protocol has finished there to be compared with); their attacks count in "
+              "the curves all the same:\n")
         print("| protocol | gamma | f | defense | worst case now | its worst attack |")
         print("|---|---|---|---|---|---|")
         for (norm, defense, gamma, f), t in elsewhere:
@@ -1099,7 +1151,7 @@ def _gain(d: float) -> str:
 def tuning_moved() -> None:
     """How far tuning moved each point's pick, on the tuning seeds: per protocol, point and
     threat model, the highest worst case at the matrix's lr and at each defense's tuned lr."""
-    from robustbn.labels import compact_defense, norm_words
+    from robustbn.labels import compact_defense, norm_order, norm_words
     from robustbn.matrix import read
     from robustbn.stats import chance as chance_of
 
@@ -1116,7 +1168,7 @@ def tuning_moved() -> None:
     for c in choices:
         if c["complete"]:
             points[curve_cell(c["setting"])].append(c)
-    done = {k: cs for k, cs in points.items() if len(cs) == planned[k]}
+    done = {k: cs for k, cs in points.items() if len(cs) == len(planned[k])}
     if not done:
         settled = sum(len(cs) for cs in points.values())
         print(f"No point fully tuned yet ({settled} of {len(tuning_plan()[0].defenses)} defenses' choices settled). "
@@ -1132,7 +1184,8 @@ def tuning_moved() -> None:
     print("|---|---|---|---|---|---|---|---|")
     at_base = lambda c: next(sc for sc in c["scores"] if sc["point"]["lr"] == base)
     bound = lambda c: "<= " * at_base(c)["pruned"]
-    for (norm, gamma, f, data), cs in sorted(done.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3] or "")):
+    for (norm, gamma, f, data), cs in sorted(done.items(), key=lambda kv: (norm_order(kv[0][0]), kv[0][1], kv[0][2],
+                                                                          kv[0][3] or "")):  # the figures' order
         untuned = max(cs, key=lambda c: at_base(c)["worst_acc"])
         tuned = max(cs, key=lambda c: c["chosen_acc"])
         gains = "; ".join(f"{compact_defense(c['defense'])} {'at least ' * at_base(c)['pruned']}"
@@ -1858,7 +1911,7 @@ def curve_cost_table() -> None:
             def on(r):
                 return r["norm"] == norm and float(r[held]) == value
             runs = [r for r in mine if on(r)]
-            planned = sum(v for cell, v in planned_defenses().items()
+            planned = sum(len(v) for cell, v in planned_defenses().items()
                           if cell[0] == norm and float(cell[1 if held == "gamma" else 2]) == value)
             done = sum(on(r) for r in finished)
             cpu_runs, cpu = _hours(runs, gpu=False)
@@ -1980,7 +2033,7 @@ def page(out: Path = PAGE) -> Path:
     notes = pick_notes()
     return write_page(board_runs(), out, robustness=robustness_html(
         curves, TUNED, SWEEPS, tuning_status(), expected_defenses, notes, planned,
-        searched=lambda key: notes.get(key) == SEARCHED_WORDS))
+        searched=lambda key: notes.get(key) == SEARCHED_WORDS, partly=lambda key: notes.get(key) == NOT_TRIED))
 
 
 def page_check(outs: list[Path] = (PAGE,)) -> int:

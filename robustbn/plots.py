@@ -365,6 +365,21 @@ def _tuned_labels(ax, x: float, labels: list[tuple[float, str, str]], gap: float
                     color=color, va="center", gid="tuned", annotation_clip=False)
 
 
+def _gapped(ticks: list[float], xs: list[float], *ys: list[float]) -> tuple[list[float], ...]:
+    """A line's points (xs ascending) with a NaN wherever it skips one of the axis' `ticks`:
+    matplotlib breaks the line there rather than joining across a point not (yet) run."""
+    out_x, out_ys = [], [[] for _ in ys]
+    for i, v in enumerate(xs):
+        if i and any(xs[i - 1] < t < v for t in ticks):
+            out_x.append(float("nan"))
+            for o in out_ys:
+                o.append(float("nan"))
+        out_x.append(v)
+        for o, y in zip(out_ys, ys):
+            o.append(y[i])
+    return (out_x, *out_ys)
+
+
 def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str | None = None,
                       tuned: Iterable[str] = ()):
     """One panel per norm protocol; a line per defense: its worst-case accuracy (%) over the
@@ -404,20 +419,21 @@ def robustness_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str |
             n = name(pts[0])
             i = names.index(n)
             color = LINE_COLORS[i % len(LINE_COLORS)]
-            known = [t for t in pts if t["worst_acc"] is not None]
+            known = sorted((t for t in pts if t["worst_acc"] is not None), key=lambda t: where(t[x]))
             xs = [where(t[x]) for t in known]
             worst = [pct(t["worst_acc"]) for t in known]
-            handles[n], = ax.plot(xs, worst, color=color, marker=MARKERS[i % len(MARKERS)], markersize=5,
-                                  linewidth=1.6)
             low = [pct(t["worst_acc"] if t["ci_low"] is None else t["ci_low"]) for t in known]
             high = [pct(t["worst_acc"] if t["ci_high"] is None else t["ci_high"]) for t in known]
-            ax.fill_between(xs, low, high, color=color, alpha=0.15, linewidth=0)
+            gx, gworst, glow, ghigh = _gapped(ticks, xs, worst, low, high)
+            handles[n], = ax.plot(gx, gworst, color=color, marker=MARKERS[i % len(MARKERS)], markersize=5,
+                                  linewidth=1.6)
+            ax.fill_between(gx, glow, ghigh, color=color, alpha=0.15, linewidth=0)
             # the interval as a bar too: a band between points shows nothing at a lone point
             ax.errorbar(xs, worst, yerr=[[w - lo for w, lo in zip(worst, low)], [hi - w for w, hi in zip(worst, high)]],
                         fmt="none", ecolor=color, elinewidth=0.8, capsize=2, alpha=0.6)
-            clean = [t for t in pts if t["no_attack_acc"] is not None]
-            ax.plot([where(t[x]) for t in clean], [pct(t["no_attack_acc"]) for t in clean], color=color, linestyle="--",
-                    linewidth=1.0, marker="o", markersize=4, markerfacecolor="none")  # a lone point shows too
+            clean = sorted((t for t in pts if t["no_attack_acc"] is not None), key=lambda t: where(t[x]))
+            ax.plot(*_gapped(ticks, [where(t[x]) for t in clean], [pct(t["no_attack_acc"]) for t in clean]), color=color,
+                    linestyle="--", linewidth=1.0, marker="o", markersize=4, markerfacecolor="none")  # a lone point shows too
             said = None
             for t in known if tuned else ():  # each point's own tuned values beside it, where they change
                 words = " ".join(f"{k} {t.get(k):g}" if isinstance(t.get(k), float) else f"{k} {t.get(k)}" for k in tuned)
@@ -519,7 +535,8 @@ def protocol_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str | N
             ys = [100 * p["worst_acc"] for _, p in pts]
             low = [100 * (p["worst_acc"] if p["ci_low"] is None else p["ci_low"]) for _, p in pts]
             high = [100 * (p["worst_acc"] if p["ci_high"] is None else p["ci_high"]) for _, p in pts]
-            handles[name], = ax.plot(xs, ys, color=color(norm), marker=MARKERS[norms.index(norm) % len(MARKERS)],
+            handles[name], = ax.plot(*_gapped(ticks, xs, ys), color=color(norm),
+                                     marker=MARKERS[norms.index(norm) % len(MARKERS)],
                                      linestyle=("-", "--", ":", "-.")[held.index(h) % 4], markersize=5, linewidth=1.6)
             ax.errorbar(xs, ys, yerr=[[y - lo for y, lo in zip(ys, low)], [hi - y for y, hi in zip(ys, high)]],
                         fmt="none", ecolor=color(norm), elinewidth=0.8, capsize=2, alpha=0.6)
@@ -550,14 +567,15 @@ def protocol_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str | N
 
 
 def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title: str | None = None,
-               tuned: Iterable[str] = ()):
+               tuned: Iterable[str] = (), expected=None):
     """Which defense to use where (robustbn.worst.defense_map): a panel per norm protocol and
     threat model, a cell per (y, x), colored by the highest worst case there and naming the best
-    defense, or those tied for best, with their worst cases (%)."""
+    defense, or those tied for best, with their worst cases (%); `expected`: defense_map's (a
+    cell that waits for defenses picks none)."""
     if x not in ROBUSTNESS_X or y not in ROBUSTNESS_X or x == y:
         raise ValueError(f"--x {x} --y {y}: the map's axes are two different fields of {', '.join(ROBUSTNESS_X)}")
     tuned = tuple(tuned)
-    cells = defense_map(rows, x, y, tuned)
+    cells = defense_map(rows, x, y, tuned, expected)
     if not cells:
         raise ValueError(f"no attacked run has both {x} and {y}: nothing to map")
     norms = list(dict.fromkeys(c["norm"] for c in cells))
@@ -617,9 +635,10 @@ def map_figure(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", title
 
 
 def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: str = "gamma", y: str = "f",
-           tuned: Iterable[str] = ()):
+           tuned: Iterable[str] = (), expected=None):
     """The figure of `kind` for the finished runs among `rows` (not saved; see `plot`); `tuned`:
-    the fields each defense ran at its own tuned value of (robustness and map)."""
+    the fields each defense ran at its own tuned value of (robustness and map); `expected`
+    (map and protocols): robustbn.worst.defense_map's, how many defenses a cell is to have."""
     if kind not in KINDS:
         raise ValueError(f"unknown plot kind {kind!r}; allowed: {', '.join(KINDS)}")
     # worst-case counts diverged runs (and finished runs without a history) at chance (robustbn.worst),
@@ -631,8 +650,8 @@ def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: s
         raise ValueError("no finished runs match: nothing to plot (see `robustbn results`)")
     if kind in ("worst-case", "robustness", "map", "protocols"):  # the title above the caption that says what is drawn
         fig = worst_case_figure(rows, title) if kind == "worst-case" else robustness_figure(rows, x, title, tuned) \
-            if kind == "robustness" else protocol_figure(rows, x, title, tuned) if kind == "protocols" \
-            else map_figure(rows, x, y, title, tuned)
+            if kind == "robustness" else protocol_figure(rows, x, title, tuned, expected) if kind == "protocols" \
+            else map_figure(rows, x, y, title, tuned, expected)
         title = None
     elif kind == "heatmap":
         fig = heatmap_figure(rows)
@@ -651,10 +670,10 @@ def figure(rows: list[dict[str, Any]], kind: str, title: str | None = None, x: s
 
 
 def plot(rows: list[dict[str, Any]], kind: str, out: str, title: str | None = None, x: str = "gamma",
-         y: str = "f", tuned: Iterable[str] = (), metadata: dict[str, str] | None = None) -> None:
+         y: str = "f", tuned: Iterable[str] = (), metadata: dict[str, str] | None = None, expected=None) -> None:
     """Save the figure (`figure`) to `out`; `metadata`: PNG text chunks (docs/tables.py writes
     there a digest of the numbers drawn, which `./dev.sh docs --check` compares)."""
-    fig = figure(rows, kind, title, x, y, tuned)
+    fig = figure(rows, kind, title, x, y, tuned, expected)
     fig.savefig(out, dpi=120, metadata=metadata)
     plt.close(fig)
 

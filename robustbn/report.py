@@ -531,20 +531,27 @@ def _protocol_pick(p: dict[str, Any], words: str) -> str:
 
 
 def pick_tail(p: dict[str, Any]) -> str:
-    """What follows a protocol's pick in the page and results.md alike: "; clean 76.4; worst:
-    ALIE (grad)", its clean accuracy and its worst attack with the messages it touched."""
-    return ("" if p.get("no_attack_acc") is None else f"; clean {pct(p['no_attack_acc'])}") + \
+    """What follows a protocol's pick in the page and results.md alike: "; clean 76.4 [75.0,
+    77.8] (5 seeds); worst: ALIE (grad)", its clean accuracy (its interval and seeds where
+    known) and its worst attack with the messages it touched."""
+    n = p.get("no_attack_seeds")
+    interval = f" [{pct(p['no_attack_low'])}, {pct(p['no_attack_high'])}]" \
+        if p.get("no_attack_low") is not None and p.get("no_attack_high") is not None else ""
+    seeds = f" ({n} seed{'s' * (n != 1)}{'' if interval else ', no interval'})" if n else ""
+    return ("" if p.get("no_attack_acc") is None else f"; clean {pct(p['no_attack_acc'])}{interval}{seeds}") + \
         (f"; worst: {compact_defense(p['worst_attack'])}" if p.get("worst_attack") else "")
 
 
 def protocols_html(cells: list[dict[str, Any]], chance: float | None, planned: dict[bool, Iterable[str]],
-                   words: Callable[[dict, dict], str], searched: Callable[[dict, dict], bool] | None = None) -> str:
+                   words: Callable[[dict, dict], str], searched: Callable[[dict, dict], bool] | None = None,
+                   partly: Callable[[dict, dict], bool] = lambda c, p: False) -> str:
     """`robustbn.worst.protocol_map`'s cells as a table per threat model: a row per point, its
     verdict, then each protocol at its highest defense (`words(cell, pick)` after its seeds: its
     tuned values, whether searched), each below the first with its paired gap ("lower by" or
     "tied" only where the cell has a verdict). `planned[trusted]`: the protocols meant to be in
     that threat model; `searched(cell, pick)`: whether a pick's attack search is confirmed (a
-    verdict over others is provisional)."""
+    verdict over others is provisional), `partly(cell, pick)`: whether it is but has not yet
+    tried the attacks confirmed at the defense's other points."""
     from .worst import gap_words, protocol_head, provisional
 
     e = html.escape
@@ -554,8 +561,8 @@ def protocols_html(cells: list[dict[str, Any]], chance: float | None, planned: d
         for c in (c for c in cells if (c["threat"] is not None) == trusted):
             shown = "".join(f"<div>{'' if i == 0 else e(gap_words(c, p)) + ': '}<b>{e(norm_words(p['norm']))}</b> "
                             f"{e(_protocol_pick(p, words(c, p)))}</div>" for i, p in enumerate(c["protocols"]))
-            head = protocol_head(c, chance, planned[trusted]) + ("" if searched is None else
-                                                                 provisional(c, lambda p: searched(c, p), chance))
+            head = protocol_head(c, chance, planned[trusted]) + ("" if searched is None else provisional(
+                c, lambda p: searched(c, p), chance, lambda p: partly(c, p)))
             rows.append(f'<tr><td>{c["gamma"]:g}</td><td>{c["f"]}</td><td><b>{e(head)}</b></td><td>{shown}</td></tr>')
         if rows:
             data = sorted({c["threat"] for c in cells if c["threat"]})
@@ -572,7 +579,8 @@ def protocols_html(cells: list[dict[str, Any]], chance: float | None, planned: d
 def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] = ("lr",),
                     sweeps: dict[str, tuple[str, Any]] | None = None, pending: str = "",
                     expected=None, notes: dict[tuple, str] | None = None, planned: Iterable[str] = (),
-                    searched: Callable[[tuple], bool] | None = None) -> str:
+                    searched: Callable[[tuple], bool] | None = None,
+                    partly: Callable[[tuple], bool] = lambda key: False) -> str:
     """The robustness section: per protocol and threat model, which defense to use at each (f,
     gamma) point (robustbn.worst.defense_map, each pick at its tuned values) as an HTML table,
     then the worst case along each sweep (x: the other field held), as figures. `pending`: what
@@ -581,7 +589,8 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
     (whether its attack search is confirmed). Then which BN protocol at each point
     (robustbn.worst.protocol_map; `planned`: the protocols meant to run, those missing named;
     `searched(key)`: whether a pick's attack search is confirmed, key as `notes`', where given a
-    verdict over unsearched picks reads provisional)."""
+    verdict over unsearched picks reads provisional; `partly(key)`: confirmed, but not yet over
+    the attacks confirmed at the defense's other points)."""
     from .plots import figure
     from .worst import defense_map, map_panels, pick_head, protocol_map
 
@@ -600,7 +609,10 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
                 if (c := here.get((f, g))) is None:
                     continue
                 note = lambda p: (notes or {}).get((norm, data, g, f, p["defense"]), "")
-                picks = "".join(f"<div>{e(_map_pick(p, tuned, note(p)))}</div>" for p in c["picks"])
+                tied = lambda p: (f"tied, gap {pct(p['gap'])} [{pct(p['gap_low'])}, {pct(p['gap_high'])}] "
+                                  f"({p['gap_pairs']} pairs): " if p.get("gap_low") is not None else "")
+                picks = "".join(f"<div>{e(tied(p) if i else '')}{e(_map_pick(p, tuned, note(p)))}</div>"
+                                for i, p in enumerate(c["picks"]))
                 if nxt := c.get("runner_up"):  # a lone best's margin over the closest other, paired over seeds
                     picks += (f"<div>next, lower by {pct(nxt['gap'])} [{pct(nxt['gap_low'])}, {pct(nxt['gap_high'])}] "
                               f"({nxt['gap_pairs']} pairs): {e(_map_pick(nxt, tuned, note(nxt)))}</div>")
@@ -616,7 +628,8 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
     planned = tuple(planned)
     out.append(protocols_html(protocol_map(curves, "gamma", "f", tuned, expected), chance, {False: planned, True: planned},
                               lambda c, p: "; " + ", ".join(f"{k} {p[k]}" for k in tuned) + (notes or {}).get(key(c, p), ""),
-                              None if searched is None else lambda c, p: searched(key(c, p))))
+                              None if searched is None else lambda c, p: searched(key(c, p)),
+                              lambda c, p: partly(key(c, p))))
     for x, (held, value) in (sweeps or {}).items():
         along = [r for r in curves if r.get(held) == value]
         if len({r.get(x) for r in along}) > 1:
@@ -627,7 +640,7 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
             if x in ("gamma", "f") and len({r.get("norm") for r in along}) > 1:  # the protocols side by side
                 caption = f"Which BN protocol along {x} at {held} = {value}: each at its highest defense"
                 out.append(f'<figure><div class="scroll"><img class="zoom" alt="{e(caption)}" '
-                           f'src="{png_uri(figure(along, "protocols", x=x, tuned=tuned))}"></div>'
+                           f'src="{png_uri(figure(along, "protocols", x=x, tuned=tuned, expected=expected))}"></div>'
                            f"<figcaption>{e(caption)}</figcaption></figure>")
     return "".join(out)
 

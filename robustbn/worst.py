@@ -331,8 +331,9 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tune
     has no attacker and is left out. Each cell: norm, threat (the server data, None for
     root-free), x, y, verdict (BEST, TIED, ONLY, or "n seeds, no verdict" where fewer than
     MIN_PAIRS seeds pair, the highest worst case its pick, as on the leaderboard), picks
-    (the defenses: defense, worst_acc, ci_low, ci_high, seeds, worst_attack,
-    worst_by_seed, no_attack_acc), defenses (how
+    (the defenses: defense, worst_acc, ci_low, ci_high, seeds, worst_attack, worst_by_seed,
+    no_attack_acc, no_attack_low, no_attack_high, no_attack_seeds; in a tied set also gap,
+    gap_low, gap_high, gap_pairs: the highest - it, paired), defenses (how
     many ran there) and runner_up (where one defense is best: the closest other, as a pick, with
     its gap, best - it, and the gap's interval and pairs; else None). `tuned` (as `worst_case`): each pick carries its values of them.
     `expected(norm, threat, x value, y value)`: how many defenses the cell is to have; where
@@ -362,7 +363,9 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tune
         rest = [t for t in ts if t not in picks and t["gap"] is not None]
         close = min(rest, key=lambda t: t["gap"], default=None) if verdict == BEST else None
         shown = lambda t: {**{k: t[k] for k in ("defense", "worst_acc", "ci_low", "ci_high", "seeds", "worst_attack",
-                                                "worst_by_seed", "no_attack_acc")},
+                                                "worst_by_seed", "no_attack_acc", "no_attack_low", "no_attack_high",
+                                                "no_attack_seeds")},
+                           **{k: t[k] for k in ("gap", "gap_low", "gap_high", "gap_pairs") if verdict == TIED},
                            **{k: t.get(k) for k in tuned}}
         out.append({"norm": norm, "threat": data, x: ts[0][x], y: ts[0][y], "verdict": verdict, "defenses": len(ts),
                     "setting": {k: ts[0].get(k) for k in others},
@@ -485,19 +488,25 @@ def protocol_head(cell: dict[str, Any], chance: float | None = None, planned: It
     return head + (f" (of those finished; {later})" if missing else "")
 
 
-def provisional(cell: dict[str, Any], searched: Callable[[dict[str, Any]], bool], chance: float | None = None) -> str:
+def provisional(cell: dict[str, Any], searched: Callable[[dict[str, Any]], bool], chance: float | None = None,
+                partly: Callable[[dict[str, Any]], bool] = lambda p: False) -> str:
     """Words after a `protocol_map` verdict that a search could still turn: "; provisional: no
     attack search confirmed against FBN", naming the picks no attack search has confirmed
     (`searched(pick)`) among those that decide it (the leader and those tied with it, above
-    chance: lowering a protocol already lower, or one at chance, changes nothing); "" otherwise,
-    and where there is no verdict (too few pairs) to hold back."""
+    chance: lowering a protocol already lower, or one at chance, changes nothing), and those
+    whose own search is confirmed but has not yet tried the attacks confirmed at the defense's
+    other points (`partly(pick)`); "" otherwise, and where there is no verdict (too few pairs)
+    to hold back."""
     ps = cell["protocols"]
     if cell["verdict"] not in (BEST, TIED):
         return ""
     deciding = [p for i, p in enumerate(ps) if (i == 0 or p["verdict"] == TIED)
                 and (chance is None or p["worst_acc"] > chance + AT_CHANCE)]
-    open_ = [norm_words(p["norm"]) for p in deciding if not searched(p)]
-    return f"; provisional: no attack search confirmed against {', '.join(open_)}" if open_ else ""
+    open_ = [norm_words(p["norm"]) for p in deciding if not searched(p) and not partly(p)]
+    half = [norm_words(p["norm"]) for p in deciding if not searched(p) and partly(p)]
+    words = [f"no attack search confirmed against {', '.join(open_)}"] * bool(open_) + \
+        [f"the search against {', '.join(half)} has not yet tried the attacks confirmed at its other points"] * bool(half)
+    return f"; provisional: {'; '.join(words)}" if words else ""
 
 
 def gap_words(cell: dict[str, Any], pick: dict[str, Any]) -> str:

@@ -188,6 +188,17 @@ def test_the_robustness_section_tabulates_the_curves_and_its_figure_carries_thei
     tables.robustness_table("gamma")
     text = capsys.readouterr().out
     assert "Not here yet (tuning, or their tuned files' runs, not finished): FixBN." in text
+    # the tuning plans a third FBN defense along gamma (f = 3) and one at f = 1 only: the first is named as not here
+    from test_worst_case import ROBUST_DEFENSE
+    planned = {("fbn", g, 3, None): {1: "mean", 2: ROBUST_DEFENSE, 3: "nnm+trmean"} for g in (0.0, 1.0)}
+    planned[("fbn", 0.1, 1, None)] = {4: "dnc"}
+    real = tables.tuning_file, tables.planned_defenses
+    monkeypatch.setattr(tables, "tuning_file", lambda: tables.ROBUSTNESS_MATRIX)  # a file that is there
+    monkeypatch.setattr(tables, "planned_defenses", lambda: planned)
+    tables.robustness_table("gamma")
+    assert "not finished): FBN's nnm+trmean; FixBN." in capsys.readouterr().out
+    monkeypatch.setattr(tables, "tuning_file", real[0])
+    monkeypatch.setattr(tables, "planned_defenses", real[1])
     truth = {(t["defense"], t["gamma"]): t for t in worst_case(runs, ("lr",))}
     for (defense, gamma), t in truth.items():  # a row per defense and gamma, the defense in short words
         row = next(line for line in text.splitlines() if line.startswith(f"| {compact_defense(defense)} | {gamma:g} |"))
@@ -256,6 +267,31 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     confirm = f"{tables.TUNED_DIR}/searched_worst_fbn_nnm_median_gamma_1.toml"
     assert f"--on {tables.TUNED_DIR}/tuned_fbn_nnm_median_gamma_1.toml" in command and f"--confirm {confirm}" in command
     assert "| FBN | root-free | 1 | 3 | mean (grad), nnm+median (BN) (lr 0.01) | 82.0" in out and "| not yet |" in out
+    assert "--try" not in command
+    # attacks confirmed against the same defense at an lr its point no longer runs are tried too (--try): at
+    # another point, and at this one before its search rewrites that file; one file per attack
+    stale = {"description": "The worst attack that robustbn attack-search found", **BASE, "norm": "fbn", "f": 3,
+             "lr": 0.05, "seed": list(range(5)), **DEFENSES["nnm+median"], "grad_attack": "alie"}
+    elsewhere = f"{tables.TUNED_DIR}/searched_worst_fbn_nnm_median_gamma_0.toml"
+    twin = f"{tables.TUNED_DIR}/searched_worst_fbn_nnm_median_gamma_0_earlier_1.toml"  # the same attack again
+    for path, gamma in ((elsewhere, 0.0), (twin, 0.0), (confirm, 1.0)):
+        (tmp_path / path).write_text(toml_text({**stale, "gamma": gamma}))
+    real = tables.all_finished
+    monkeypatch.setattr(tables, "all_finished", lambda path: path in (elsewhere, twin) or real(path))
+    (command,) = tables.curve_search_rows()[1]
+    assert command.count("--try") == 1 and f"--try {elsewhere}" in command  # one per attack
+    other = f"{tables.TUNED_DIR}/searched_worst_fbn_nnm_median_gamma_0_earlier_2.toml"
+    (tmp_path / other).write_text(toml_text({**stale, "gamma": 0.0, "grad_attack": "ipm"}))
+    monkeypatch.setattr(tables, "all_finished", lambda path: path in (elsewhere, twin, other) or real(path))
+    (command,) = tables.curve_search_rows()[1]
+    assert f"--try {elsewhere}" in command and f"--try {other}" in command and command.count("--try") == 2
+    monkeypatch.setattr(tables, "all_finished", lambda path: path == confirm or real(path))  # its own, stale
+    for path in (elsewhere, twin, other):
+        (tmp_path / path).unlink()
+    (command,) = tables.curve_search_rows()[1]
+    assert f"--try {confirm}" in command and f"--confirm {confirm}" in command
+    (tmp_path / confirm).unlink()
+    monkeypatch.setattr(tables, "all_finished", real)
     tables.robustness_map()  # the map says which picks stand on the catalogue's attacks only
     out = capsys.readouterr().out
     assert re.search(r"\| mean \(grad\), nnm\+median \(BN\): 82\.0 \[[\d.]+, [\d.]+\] \(5 seeds; lr 0\.01, "
@@ -276,7 +312,7 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     assert "1 of the 1 picks a search could change are searched" in out and "robustbn attack-search" not in out
     tables.robustness_map()
     out = capsys.readouterr().out
-    assert re.search(r"82\.0 \[[\d.]+, [\d.]+\] \(5 seeds; lr 0\.01, searched\)", out) and "not searched yet" not in out
+    assert re.search(r"82\.0 \[[\d.]+, [\d.]+\] \(5 seeds; lr 0\.01, searched\)", out) and "not searched yet)" not in out
     # once the point's choice moves (a wider grid), the confirmation at the old lr is another setting: not read,
     # and the pick is searched again
     (tmp_path / confirm).write_text(tuned_text.replace("lr = 0.01", "lr = 0.005"))
@@ -530,6 +566,7 @@ def test_the_f_sweeps_level_is_argued_from_the_board_and_the_curves(tmp_path, mo
     store.close()
     monkeypatch.setattr(tables, "board_runs", lambda: [r for r in runs if r["hash"] in board])
     monkeypatch.setattr(tables, "curve_runs", lambda x=None: [r for r in runs if r["hash"] in curve])
+    monkeypatch.setattr(tables, "expected_defenses", lambda norm, threat, gamma, f: 2)  # both ran everywhere
     tables.f_sweep_level()
     text = capsys.readouterr().out
     (fbn,) = [line for line in text.splitlines() if line.startswith("| FBN |")]
@@ -541,6 +578,14 @@ def test_the_f_sweeps_level_is_argued_from_the_board_and_the_curves(tmp_path, mo
     assert "| naive BN | - | - | - |" in text
     assert (f"FBN's best stands {100 * (top - 0.1):.1f} points above chance" in text) == near
     assert ("No protocol's best root-free row" in text) == (not near)
+    # tuned, the curves at gamma 0 stand 10 points above the board: more room than the board promised, said
+    assert (f"gamma = 0 has more room than that: FBN's stands at {100 * (top + 0.1):.1f}. The premise held at the "
+            f"board's lr 0.05, not at the tuned ones" in text) == near
+    # a point where a planned defense has not finished names no highest: the rest may stand above it
+    monkeypatch.setattr(tables, "expected_defenses", lambda norm, threat, gamma, f: 3)
+    tables.f_sweep_level()
+    (fbn,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| FBN |")]
+    assert fbn.split(" | ")[2:] == ["2 of 3 finished", "2 of 3 finished |"]
 
 
 def test_a_curve_searchs_trials_count_with_the_curves_not_the_board():
@@ -611,7 +656,7 @@ def test_tuning_moved_reads_the_tuning_runs_of_every_device(capsys):
         if settled.get(point) == lr:
             first = tables.own_seed_runs(f) or [tables.planned_scenarios(f)[0]]
             files[tables.curve_cell(first[0])].append(lr)
-    whole = {cell: lrs for cell, lrs in files.items() if len(lrs) == tables.planned_defenses()[cell]}
+    whole = {cell: lrs for cell, lrs in files.items() if len(lrs) == len(tables.planned_defenses()[cell])}
     assert whole, "no point of the shipped runs has every defense tuned and written"
     tables.tuning_moved()
     out = capsys.readouterr().out
@@ -676,6 +721,12 @@ def test_curve_findings_pair_each_sweeps_ends_and_the_trusted_defense_against_th
     assert f"| {short['nnm+median']}: 72.0 [" in at_1 and at_1.endswith("| -10.0 [-10.0, -10.0] (5 pairs; lower) |")
     assert ", not searched yet | +25.0 [25.0, 25.0] (5 pairs; higher) |" in at_4
     assert not any(line.startswith("| FBN | 0.1 | 2 |") for line in out)
+    # a point still waiting for a planned root-free defense names no highest and no difference
+    monkeypatch.setattr(tables, "expected_defenses", lambda norm, threat, gamma, f: 3 if f == 4 else 2)
+    tables.curve_findings()
+    out = capsys.readouterr().out.splitlines()
+    assert row("FBN", "0.1", "4").endswith("| 2 of 3 finished, no pick yet | - |")
+    assert row("FBN", "0.1", "1").endswith("| -10.0 [-10.0, -10.0] (5 pairs; lower) |")
 
 
 def test_curve_searches_list_the_picks_that_decide_a_protocol_verdict(tmp_path, monkeypatch, capsys):

@@ -488,6 +488,11 @@ def test_robustness_curves_draw_the_worst_case_along_x_with_clean_dashed_and_div
     assert cross[0] == pytest.approx([0.5, 100 * expect[0.5]]) and len(cross) == 1 and crosses(panels[0]) == []
     chance = [ln for ln in panels[1].get_lines() if ln.get_gid() == "chance"]
     assert [list(ln.get_ydata()) for ln in chance] == [[10.0, 10.0]]
+    # a point not run breaks its line (and its clean line) rather than being bridged; the other line is whole
+    gap = [r for r in rows if not (r["norm"] == "fbn" and r["bn_agg"] == "nnm+median" and r["gamma"] == 0.5)]
+    fbn_panel = [a for a in figure(gap, "robustness", x="gamma").axes if a.get_title() == "FBN"][0]
+    drawn = [[str(v) for v in ln.get_xdata()] for ln in fbn_panel.get_lines() if ln.get_linestyle() in ("-", "--")]
+    assert sorted(drawn) == [["0.0", "0.5", "1.0"], ["0.0", "0.5", "1.0"], ["0.0", "nan", "1.0"], ["0.0", "nan", "1.0"]]
 
     out = tmp_path / "r.png"
     assert main(["plot", "robustness", "--x", "gamma", "--db", str(tmp_path / "r.sqlite"), "--out", str(out)]) == 0
@@ -586,6 +591,13 @@ def test_the_map_names_the_best_or_the_tied_set_per_cell_by_the_paired_rule(tmp_
     assert texts[(2, 0)].replace("\n", " ").startswith("2 tied, one at chance: none shown above it mean (grad), "
                                                        "nnm+median (BN) 14% [") and texts[(2, 0)].count("%") == 1
     assert "[95% interval], on 1-5 seeds" in fig.get_suptitle().replace("\n", " ")
+    # a cell still waiting for a planned defense picks none in the figure, as in the tables (defense_map's expected)
+    waiting = lambda norm, threat, gamma, f: 3 if (norm, gamma, f) == ("fbn", 0.0, 3) else None
+    fbn = next(a for a in figure(rows, "map", x="gamma", y="f", expected=waiting).axes
+               if a.get_title() == "FBN, root-free")
+    texts = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in fbn.texts}
+    assert texts[(1, 0)].replace("\n", " ").startswith("2 of 3 defenses run, no pick yet ")
+    assert texts[(1, 1)].startswith("2 tied\n")  # the other cells as before
     # a second setting at one point (another eval_every): the map names the field, it does not overlay them
     store = Store(tmp_path / "m.sqlite")
     add(store, 0.4, norm="fbn", f=3, gamma=0.0, seed=0, eval_every=6, **ATTACKS["sf-mean"])
@@ -786,6 +798,13 @@ def test_protocol_words_hold_back_only_what_a_search_could_turn_and_survive_seed
     tied = {"verdict": TIED, "protocols": [pick("fbn", 0.6, TIED), pick("naive", 0.55, TIED)]}
     assert provisional(tied, never, 0.1) == "; provisional: no attack search confirmed against FBN, naive BN"
     assert provisional({**tied, "verdict": "2 seeds, no verdict"}, never, 0.1) == ""
+    # a pick whose own search is confirmed but not yet over its other points' attacks is named as such, not as unsearched
+    fbn_partly = lambda p: p["norm"] == "fbn"
+    assert provisional(tied, never, 0.1, fbn_partly) == (
+        "; provisional: no attack search confirmed against naive BN; the search against FBN has not yet tried the "
+        "attacks confirmed at its other points")
+    assert provisional(tied, lambda p: p["norm"] == "naive", 0.1, fbn_partly) == (
+        "; provisional: the search against FBN has not yet tried the attacks confirmed at its other points")
     assert gap_words(cell, cell["protocols"][1]) == "lower by 30.0 [20.0, 40.0] (5 pairs)"
     apart = pick("naive", 0.3, None, gap=None, gap_pairs=0)
     assert gap_words(cell, apart) == "no seed in common"
@@ -822,6 +841,12 @@ def test_the_protocols_figure_draws_each_protocols_top_defense_along_x(tmp_path,
     texts = sorted(t.get_text() for t in panel.texts)
     assert texts == sorted([ROBUST_DEFENSE.replace(" on the gradients", " (grad)").replace(
         " on the mean and variance", " (BN)")] * 2 + [MEAN_DEFENSE] * 2)
+    # naive BN still waiting for a third defense at gamma 0: its line starts at gamma 1, FBN's is whole
+    waiting = lambda norm, threat, gamma, f: 3 if (norm, gamma) == ("naive", 0.0) else None
+    (panel,) = [a for a in protocol_figure(rows, "gamma", expected=waiting).axes if a.get_title()]
+    lines = {mcolor(ln.get_color()): ln for ln in panel.get_lines() if ln.get_linestyle() == "-"}
+    assert list(lines[mcolor(NORM_COLORS["naive"])].get_xdata()) == [1.0]
+    assert list(lines[mcolor(NORM_COLORS["fbn"])].get_xdata()) == [0.0, 1.0]
     out = tmp_path / "p.png"
     assert main(["plot", "protocols", "--x", "gamma", "--db", db, "--out", str(out)]) == 0
     assert out.read_bytes()[:4] == b"\x89PNG"
