@@ -563,16 +563,18 @@ def f_sweep_level() -> None:
         if board_acc is not None and board_acc - chance < NEAR_CHANCE:
             low.append(f"{norm_words(norm)}'s best stands {100 * (board_acc - chance):.1f} points above chance")
             if (tuned_acc := on_curve(norm, 0.0)[0]) is not None and tuned_acc - chance >= NEAR_CHANCE:
-                lifted.append(f"{norm_words(norm)}'s stands at {100 * tuned_acc:.1f}")
+                lifted.append((norm_words(norm), tuned_acc))
         print(f"| {norm_words(norm)} | {board_text} | {on_curve(norm, 0.0)[1]} | {on_curve(norm, held)[1]} |")
     print()
+    possessive = [(f"{n}'s", acc) for n, acc in lifted]
     if low:
         print(f"On the board at gamma = 0, {', '.join(low)}: a sweep of f there would have almost no room to "
               f"fall, so the f sweep holds gamma = {held:g}, the smallest gamma above 0 that the gamma sweep runs "
               f"(the most heterogeneous level after gamma = 0). That was chosen before the curves ran."
               + (f" On the curves, each defense at its tuned lr, gamma = 0 has more room than that: "
-                 f"{', '.join(lifted)}. The premise held at the board's lr {lr:g}, not at the tuned ones; the level "
-                 f"was kept, since its runs had started." if lifted else ""))
+                 f"{', '.join(n + f' best stands at {100 * acc:.1f}' for n, acc in possessive)}. For "
+                 f"{' and '.join(n for n, _ in lifted)} the premise held at the board's lr {lr:g}, not at the tuned "
+                 f"ones; the level was kept, since its runs had started." if lifted else ""))
     else:
         print(f"No protocol's best root-free row on the board stands within {100 * NEAR_CHANCE:.0f} points of chance "
               f"at gamma = 0 now; "
@@ -966,7 +968,9 @@ def curve_search_rows() -> tuple[tuple, tuple]:
         # other points, and at an lr the grid's choice has since left (this point's own included,
         # before its search rewrites that file): a short search must not miss what broke the same
         # defense next door
-        others = [q for q in tried_here.get((c["norm"], p["defense"]), ()) if q != confirm or q not in current]
+        own = attack_of(confirm) if confirm in current else None  # tried here already
+        others = [q for q in tried_here.get((c["norm"], p["defense"]), ())
+                  if (q != confirm or q not in current) and attack_of(q) != own]
         searched = confirm in confirmed
         done = searched and all(tried_in(confirm, other) for other in others)
         if not done and p["worst_acc"] <= chance + ABOVE_CHANCE:
@@ -985,14 +989,12 @@ def given_attacks(confirmed: set[str]) -> dict[tuple, list[str]]:
     """The confirmation files a search of each (norm, defense) tries (--try), one per attack: the
     `confirmed` ones (current, finished), then those confirmed at an lr the point no longer runs
     or kept when a later search replaced them, whose runs have all finished."""
-    from robustbn.labels import attack_words
-
     current = set(current_confirmations())
     out: dict[tuple, dict[str, str]] = defaultdict(dict)  # (norm, defense) -> {attack: file}
     for f in sorted(confirmed) + sorted(set(curve_confirmations()) - current):
         if f in confirmed or all_finished(f):
             (norm, defense, *_), _ = point_of_file(f)
-            out[(norm, defense)].setdefault(attack_words(planned_scenarios(f)[0]), f)
+            out[(norm, defense)].setdefault(attack_of(f), f)
     return {k: sorted(v.values()) for k, v in out.items()}
 
 
@@ -1051,15 +1053,23 @@ def confirmation_of(tuned_path: str) -> str:
     return f"{TUNED_DIR}/{SEARCHED_PREFIX}{Path(tuned_path).stem.removeprefix('tuned_')}.toml"
 
 
-def tried_in(confirm: str, other: str) -> bool:
-    """Whether the search that wrote `confirm` tried the attack `other` holds now: its
-    description names each --try file with its attack (robustbn.evaluate.confirmation_values)."""
+def attack_of(path: str) -> str:
+    """The attack a confirmation file holds, in words (one attack per file)."""
     from robustbn.labels import attack_words
+
+    return attack_words(planned_scenarios(path)[0])
+
+
+def tried_in(confirm: str, other: str) -> bool:
+    """Whether the search that wrote `confirm` tried the attack `other` holds now: it is the
+    attack it confirmed, or its description names it with a --try file
+    (robustbn.evaluate.confirmation_values). By the attack, not the file: several points'
+    files hold the same attack, and which of them a search was given does not matter."""
     from robustbn.matrix import read
 
     with chdir(ROOT):
         description = read(confirm).get("description", "")
-    return f"it tried too {Path(other).name} ({attack_words(planned_scenarios(other)[0])})" in description
+    return attack_of(other) == attack_of(confirm) or f"({attack_of(other)})" in description
 
 
 def curve_searches() -> None:
@@ -1078,8 +1088,9 @@ def curve_searches() -> None:
           f"confirmed: at points with two defenses or more, each pick of the map; at points with two protocols or "
           f"more, each pick that decides which protocol stands highest (the leader, or one tied with it); each "
           f"standing more than {100 * ABOVE_CHANCE:g} point above chance, or searched already. Each search runs on seeds 10 and 11 at the defense's tuned lr "
-          f"and then tries (`--try`) the attacks confirmed against the same defense at its other points, so that a "
-          f"short search does not miss what broke it next door; its attack is confirmed on seeds 0-4, which the "
+          f"and then tries (`--try`) the attacks confirmed against the same defense at its other points, and at an "
+          f"lr its point has since left (one file per attack), so that a short search does not miss what broke it "
+          f"next door; its attack is confirmed on seeds 0-4, which the "
           f"curves and the map then count. A search that ends on one of the catalogue's attacks confirms runs the "
           f"tuned file has made already (the same runs): the point reads searched, and its worst attack stays "
           f"a catalogue one.\n")
@@ -1183,7 +1194,10 @@ def tuning_moved() -> None:
     print("| protocol | gamma | f | threat model | highest at lr " + f"{base:g}" + " | highest tuned | moved | gain per defense (points) |")
     print("|---|---|---|---|---|---|---|---|")
     at_base = lambda c: next(sc for sc in c["scores"] if sc["point"]["lr"] == base)
-    bound = lambda c: "<= " * at_base(c)["pruned"]
+    at_chosen = lambda c: next(sc for sc in c["scores"] if sc["point"] == c["chosen"])
+    # a pruned point's score bounds its worst case (attacks left out): the bound, its seeds, no interval
+    score = lambda sc: f"<= {100 * sc['worst_acc']:.1f} ({sc['seeds']} seeds, pruned)" if sc["pruned"] else \
+        interval_cell(Estimate(sc["seeds"], sc["worst_acc"], sc["ci_low"], sc["ci_high"], None))
     for (norm, gamma, f, data), cs in sorted(done.items(), key=lambda kv: (norm_order(kv[0][0]), kv[0][1], kv[0][2],
                                                                           kv[0][3] or "")):  # the figures' order
         untuned = max(cs, key=lambda c: at_base(c)["worst_acc"])
@@ -1195,8 +1209,9 @@ def tuning_moved() -> None:
         moved = ("not known (lr " + f"{base:g} pruned)" if at_base(untuned)["pruned"] and len(cs) > 1
                  else "yes" if tuned is not untuned else "no")
         print(f"| {norm_words(norm)} | {gamma:g} | {f} | {'root-free' if data is None else 'trusted'} | "
-              f"{compact_defense(untuned['defense'])} {bound(untuned)}{100 * at_base(untuned)['worst_acc']:.1f} | {compact_defense(tuned['defense'])} "
-              f"{100 * tuned['chosen_acc']:.1f} (lr {tuned['chosen']['lr']:g}) | {moved} | {gains} |")
+              f"{compact_defense(untuned['defense'])} {score(at_base(untuned))} | "
+              f"{compact_defense(tuned['defense'])} {score(at_chosen(tuned))[:-1]}; lr {tuned['chosen']['lr']:g}) | "
+              f"{moved} | {gains} |")
     grid_edge(values["lr"], [c for cs in points.values() for c in cs], chance_of(next(iter(finished.values()))))
 
 

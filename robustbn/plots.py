@@ -367,7 +367,8 @@ def _tuned_labels(ax, x: float, labels: list[tuple[float, str, str]], gap: float
 
 def _gapped(ticks: list[float], xs: list[float], *ys: list[float]) -> tuple[list[float], ...]:
     """A line's points (xs ascending) with a NaN wherever it skips one of the axis' `ticks`:
-    matplotlib breaks the line there rather than joining across a point not (yet) run."""
+    matplotlib breaks the line there rather than joining across a value it has no point at (a
+    point not run yet, or not run for this line)."""
     out_x, out_ys = [], [[] for _ in ys]
     for i, v in enumerate(xs):
         if i and any(xs[i - 1] < t < v for t in ticks):

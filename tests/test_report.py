@@ -589,3 +589,37 @@ def test_the_setup_names_only_the_messages_the_runs_attack_and_the_server_data_t
     both = box("alie-grad", "sf-mean", trusted=True)
     assert "attack: the gradients (worker momentum) and the BN running means;" in both
     assert "Trusted server data" in both and "root set of 50" in both
+
+
+def test_a_tied_map_cell_gives_each_tied_pick_its_paired_gap_and_every_pick_its_clean_interval(tmp_path):
+    """In a tied cell every pick after the first carries its paired gap to the first (an interval
+    holding 0), on the page as in the fields; a pick's clean accuracy comes with its interval and
+    seeds (pick_tail), and one seed says it has no interval."""
+    import re
+
+    from robustbn.report import pick_tail, robustness_html
+    from robustbn.worst import TIED, defense_map
+    from test_worst_case import ATTACKS, DEFENSES, add
+
+    noise = [0.00, 0.03, -0.02, 0.01, -0.01]
+    store = Store(tmp_path / "t.sqlite")
+    for seed in range(5):
+        for d, defense in enumerate(DEFENSES):
+            add(store, 0.6 + noise[(seed + d) % 5], norm="fbn", f=3, gamma=1.0, lr=0.1, seed=seed,
+                **DEFENSES[defense], **ATTACKS["sf-mean"])
+            add(store, 0.8 + 0.01 * seed, norm="fbn", f=3, gamma=1.0, lr=0.1, seed=seed, **DEFENSES[defense])
+    rows = store.rows()
+    store.close()
+    (cell,) = defense_map(rows, "gamma", "f", ("lr",))
+    first, second = cell["picks"]
+    assert cell["verdict"] == TIED and second["gap_pairs"] == 5 and second["gap_low"] < 0 < second["gap_high"]
+    assert second["gap"] == pytest.approx(first["worst_acc"] - second["worst_acc"])
+    page = robustness_html(rows, ("lr",))
+    (table,) = re.findall(r'<table class="map">.*?</table>', page)
+    assert table.count("<div>tied, gap ") == 1
+    assert f"<div>tied, gap {100 * second['gap']:.1f} [{100 * second['gap_low']:.1f}, " in table
+    assert first["no_attack_seeds"] == 5 and first["no_attack_low"] < first["no_attack_acc"] < first["no_attack_high"]
+    assert pick_tail(first) == (f"; clean {100 * first['no_attack_acc']:.1f} [{100 * first['no_attack_low']:.1f}, "
+                                f"{100 * first['no_attack_high']:.1f}] (5 seeds); worst: SF (BN mean)")
+    assert pick_tail({"no_attack_acc": 0.764, "no_attack_low": None, "no_attack_high": None, "no_attack_seeds": 1}) \
+        == "; clean 76.4 (1 seed, no interval)"

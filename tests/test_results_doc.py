@@ -292,6 +292,7 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     assert f"--try {confirm}" in command and f"--confirm {confirm}" in command
     (tmp_path / confirm).unlink()
     monkeypatch.setattr(tables, "all_finished", real)
+    tables.planned_scenarios.cache_clear()  # the files above are gone or rewritten below: not their runs
     tables.robustness_map()  # the map says which picks stand on the catalogue's attacks only
     out = capsys.readouterr().out
     assert re.search(r"\| mean \(grad\), nnm\+median \(BN\): 82\.0 \[[\d.]+, [\d.]+\] \(5 seeds; lr 0\.01, "
@@ -522,6 +523,8 @@ def test_a_search_tries_the_attacks_confirmed_at_the_same_defenses_other_points(
                          and r["bn_agg"] == DEFENSES["nnm+median"]["bn_agg"]]
     monkeypatch.setattr(tables, "planned_scenarios", lambda path: tuple(scenario_dict(r) for r in mine(path)))
     monkeypatch.setattr(tables, "own_seed_runs", mine)
+    found, attack_of = {at_half: "ALIE on the gradients + SF on the mean"}, tables.attack_of
+    monkeypatch.setattr(tables, "attack_of", lambda path: found.get(path) or attack_of(path))  # another attack there
 
     def left():
         tables.curve_searches()
@@ -538,6 +541,9 @@ def test_a_search_tries_the_attacks_confirmed_at_the_same_defenses_other_points(
     commands = left()
     assert at_half_tuned not in commands  # tried gamma 1's attack: done
     assert f"--try {at_half} " in commands[f"{tables.TUNED_DIR}/tuned_fbn_nnm_median_1.toml"]
+    # had gamma 0.5's search confirmed gamma 1's own attack, there would be nothing new to try at gamma 1
+    found.clear()
+    assert left() == {}
 
 
 @pytest.mark.parametrize("board_acc, near", [(0.15, True), (0.45, False)])
@@ -579,8 +585,8 @@ def test_the_f_sweeps_level_is_argued_from_the_board_and_the_curves(tmp_path, mo
     assert (f"FBN's best stands {100 * (top - 0.1):.1f} points above chance" in text) == near
     assert ("No protocol's best root-free row" in text) == (not near)
     # tuned, the curves at gamma 0 stand 10 points above the board: more room than the board promised, said
-    assert (f"gamma = 0 has more room than that: FBN's stands at {100 * (top + 0.1):.1f}. The premise held at the "
-            f"board's lr 0.05, not at the tuned ones" in text) == near
+    assert (f"gamma = 0 has more room than that: FBN's best stands at {100 * (top + 0.1):.1f}. For FBN the premise "
+            f"held at the board's lr 0.05, not at the tuned ones" in text) == near
     # a point where a planned defense has not finished names no highest: the rest may stand above it
     monkeypatch.setattr(tables, "expected_defenses", lambda norm, threat, gamma, f: 3)
     tables.f_sweep_level()
@@ -780,3 +786,16 @@ def test_curve_searches_list_the_picks_that_decide_a_protocol_verdict(tmp_path, 
     assert "0 of the 2 picks a search could change are searched" in out
     assert sorted(line.split(" --on ")[1].split()[0] for line in out.splitlines() if line.startswith("robustbn attack-search")) \
         == [f"{tables.TUNED_DIR}/tuned_fbn_mean.toml", f"{tables.TUNED_DIR}/tuned_naive_mean.toml"]
+
+
+def test_the_maps_tied_rows_hold_0_in_their_gap_and_its_lone_picks_exclude_it():
+    """In the shipped results.md map, a defense "tied" with a cell's first has a paired gap whose
+    95% interval holds 0, and the defense "next, lower by" under a lone pick one that excludes it:
+    the words and the numbers beside them say the same."""
+    rows = re.findall(r"^\|  \| (tied, gap|next, lower by) (-?[\d.]+) \[(-?[\d.]+), (-?[\d.]+)\] \((\d+) pairs\) \|",
+                      RESULTS.read_text("utf-8"), re.M)
+    assert {kind for kind, *_ in rows} == {"tied, gap", "next, lower by"}
+    for kind, gap, low, high, pairs in rows:
+        low, high = float(low), float(high)
+        assert low <= float(gap) <= high and int(pairs) >= 3
+        assert (low <= 0 <= high) if kind == "tied, gap" else low > 0
