@@ -609,13 +609,12 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
                 if (c := here.get((f, g))) is None:
                     continue
                 note = lambda p: (notes or {}).get((norm, data, g, f, p["defense"]), "")
-                tied = lambda p: (f"tied, gap {pct(p['gap'])} [{pct(p['gap_low'])}, {pct(p['gap_high'])}] "
-                                  f"({p['gap_pairs']} pairs): " if p.get("gap_low") is not None else "")
+                gap = lambda p: f"{pct(p['gap'])} [{pct(p['gap_low'])}, {pct(p['gap_high'])}] ({p['gap_pairs']} pairs)"
+                tied = lambda p: f"tied, gap {gap(p)}: " if p.get("gap_low") is not None else ""
                 picks = "".join(f"<div>{e(tied(p) if i else '')}{e(_map_pick(p, tuned, note(p)))}</div>"
                                 for i, p in enumerate(c["picks"]))
                 if nxt := c.get("runner_up"):  # a lone best's margin over the closest other, paired over seeds
-                    picks += (f"<div>next, lower by {pct(nxt['gap'])} [{pct(nxt['gap_low'])}, {pct(nxt['gap_high'])}] "
-                              f"({nxt['gap_pairs']} pairs): {e(_map_pick(nxt, tuned, note(nxt)))}</div>")
+                    picks += f"<div>next, lower by {gap(nxt)}: {e(_map_pick(nxt, tuned, note(nxt)))}</div>"
                 rows.append(f'<tr><td>{g:g}</td><td>{f}</td><td><b>{e(pick_head(c, chance))}</b></td>'
                             f'<td>{picks}</td></tr>')
         out.append(f'<div class="scroll"><table class="map"><caption>{e(norm_words(norm))}, {e(model)}: the '
