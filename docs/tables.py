@@ -628,11 +628,6 @@ def curve_findings() -> None:
     def named(t) -> str:  # short enough for a phone: the server's data is said once, under the tables
         return compact_defense(t["defense"]) + (" (trusted)" if t.get("server_data") else "")
 
-    def difference(b, a) -> str:
-        if max(a["worst_acc"], b["worst_acc"]) - chance < ABOVE_CHANCE:
-            return "both at chance"
-        return seeds_diff(b["worst_by_seed"], a["worst_by_seed"])
-
     runs = curve_runs()
     if not runs:
         print(f"Nothing to compare yet. {tuning_status()}")
@@ -660,7 +655,7 @@ def curve_findings() -> None:
                 cells = [f"{x} = {v:g}: {est(t)}" if t else f"{x} = {v:g}: not finished"
                          for v, t in ((near, a), (far, b))]
                 print(f"| {norm_words(norm)} | {named(pts[0])} | {x} ({held} = {value:g}) | {' | '.join(cells)} | "
-                      f"{difference(b, a) if a and b else '-'} |")
+                      f"{worst_diff(b, a, chance) if a and b else '-'} |")
     print("\nWhat the server's clean data buys at each point: the trusted defense against the root-free pick (the "
           "highest pooled worst case of the root-free defenses run there, chosen on the same seeds it is compared "
           "on, so the difference leans a little its way; difference: trusted - root-free, paired over seeds). The "
@@ -679,7 +674,7 @@ def curve_findings() -> None:
         for trusted in (t for t in here.values() if t.get("server_data")):
             root_free = f"{len(free)} of {planned} finished, no pick yet" if waiting else f"{named(pick)}: {est(pick)}"
             print(f"| {norm_words(norm)} | {gamma:g} | {f} | {named(trusted)}: {est(trusted)} | {root_free} | "
-                  f"{'-' if waiting else difference(trusted, pick)} |")
+                  f"{'-' if waiting else worst_diff(trusted, pick, chance)} |")
     data = sorted({t["server_data"] for here in points.values() for t in here.values() if t.get("server_data")})
     print("".join(f"\n(trusted): the server's data, {d}." for d in data))
 
@@ -867,12 +862,16 @@ def same_defense(runs: list[dict], planned: list[str]) -> None:
                     by_point[(t["defense"], t.get("server_data"), t["gamma"], t["f"])][norm] = t
     if not planned:
         return
+    from robustbn.stats import chance as chance_of
+
+    chance = chance_of(runs[0])
     reference = planned[0]  # the matrix's first protocol: FBN, seed 002's own
     others = [n for n in planned if n != reference]
     rows = [(key, here) for key, here in by_point.items() if reference in here and any(n in here for n in others)]
     print(f"The same defense for every protocol, each at its own tuned lr: the difference against "
           f"{norm_words(reference)} (other - {norm_words(reference)}, paired over seeds; \"higher\" or \"lower\" "
-          f"only where the interval excludes 0). No defense is chosen here, so no selection leans either way; but "
+          f"only where the interval excludes 0; \"both at chance\" where neither stands a point above it). "
+          f"No defense is chosen here, so no selection leans either way; but "
           f"where one side is \"searched\" (a confirmed attack search's attack among those it ran) and the other "
           f"is not, the searched side's worst case is over more attacks. A defense and point where only "
           f"{norm_words(reference)} has finished is left out.\n")
@@ -891,12 +890,20 @@ def same_defense(runs: list[dict], planned: list[str]) -> None:
             name = compact_defense(defense) + (" (trusted)" if data else "")
             print(f"| {name if i == 0 else ''} | {f'{g:g}, {f}' if i == 0 else ''} | "
                   f"{marked(ref) if i == 0 else ''} | {norm_words(n)}: {marked(t)}, "
-                  f"{seeds_diff(t['worst_by_seed'], ref['worst_by_seed'])} |")
+                  f"{worst_diff(t, ref, chance)} |")
     data = sorted({k[1] for k, _ in rows if k[1]})
     print("".join(f"\n(trusted): the server's data, {d}." for d in data) + "\n")
 
 
 ABOVE_CHANCE = AT_CHANCE  # a pick within it of chance is broken: no search changes the map there
+
+
+def worst_diff(b: dict, a: dict, chance: float) -> str:
+    """b's worst case - a's, paired over seeds; "both at chance" where neither stands ABOVE_CHANCE
+    above it (a gap of hundredths of a point between two broken models is no verdict)."""
+    if max(a["worst_acc"], b["worst_acc"]) - chance < ABOVE_CHANCE:
+        return "both at chance"
+    return seeds_diff(b["worst_by_seed"], a["worst_by_seed"])
 
 
 def _search_space(norm: str, defense: str) -> str:

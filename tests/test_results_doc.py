@@ -735,6 +735,33 @@ def test_curve_findings_pair_each_sweeps_ends_and_the_trusted_defense_against_th
     assert row("FBN", "0.1", "1").endswith("| -10.0 [-10.0, -10.0] (5 pairs; lower) |")
 
 
+def test_the_same_defense_across_protocols_calls_two_models_at_chance_both_at_chance(tmp_path, capsys):
+    """same_defense: two protocols whose undefended mean both sit at chance differ by hundredths of
+    a point on every seed, which a paired interval can call "higher"; the row says "both at
+    chance". A defense above chance keeps its paired verdict."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import tables
+    from test_worst_case import ATTACKS, DEFENSES, add
+
+    from robustbn.store import Store
+
+    level = {("fbn", "mean"): 0.1, ("naive", "mean"): 0.1003, ("fbn", "nnm+median"): 0.5,
+             ("naive", "nnm+median"): 0.6}
+    with Store(tmp_path / "s.sqlite") as store:
+        for (norm, defense), acc in level.items():
+            for seed in range(5):  # each seed a little higher: the paired gap is the same on every seed
+                add(store, acc + 0.0001 * seed * (norm == "naive"), norm=norm, f=3, gamma=0.0, lr=0.05,
+                    seed=seed, **DEFENSES[defense], **ATTACKS["sf-mean"])
+        runs = store.rows()
+    tables.same_defense(runs, ["fbn", "naive"])
+    out = capsys.readouterr().out.splitlines()
+    mean_row = next(line for line in out if line.startswith("| mean | 0, 3 |"))
+    assert mean_row.endswith(", both at chance |") and "higher" not in mean_row
+    other = next(line for line in out if line.startswith("| ") and "median" in line)
+    assert other.endswith(", +10.0 [10.0, 10.0] (5 pairs; higher) |")
+
+
 def test_curve_searches_list_the_picks_that_decide_a_protocol_verdict(tmp_path, monkeypatch, capsys):
     """A point where each protocol has one defense (no map choice to turn): the protocol that
     stands highest is searched, since a stronger attack could turn which protocol is highest; the
