@@ -1166,6 +1166,23 @@ def _gain(d: float) -> str:
     return f"{100 * d:+.1f}" if round(100 * d, 1) != 0 else "+0.0"
 
 
+def _tuning_gain(chosen: dict, base: dict) -> str:
+    """A defense's gain from tuning, "+5.2 [-3.1, 13.5] (2 pairs; lr 0.1)": its worst case at its
+    tuned lr - at the matrix's, paired over the tuning seeds (an interval, no verdict: two seeds
+    carry none; clipped to what accuracies allow). Where the matrix's lr was pruned its worst
+    case is a bound, so the gain is a bound too, with no interval."""
+    from robustbn.stats import ci_text, paired
+
+    gain, lr = _gain(chosen["worst_acc"] - base["worst_acc"]), f"lr {chosen['point']['lr']:g}"
+    if base["pruned"]:
+        return f"at least {gain} ({base['seeds']} seeds, a bound; {lr})"
+    if chosen["point"] == base["point"]:
+        return f"{gain} ({lr}, the matrix's)"
+    d = paired(base["worst_by_seed"], chosen["worst_by_seed"])
+    ci = ci_text(max(d.low, -1.0), min(d.high, 1.0), d.n, scale=100, digits=1, unit="pair") if d.has_interval else ""
+    return f"{gain}{f' {ci}' if ci else ''} ({d.n} pair{'s' * (d.n != 1)}; {lr})"
+
+
 def tuning_moved() -> None:
     """How far tuning moved each point's pick, on the tuning seeds: per protocol, point and
     threat model, the highest worst case at the matrix's lr and at each defense's tuned lr."""
@@ -1196,8 +1213,9 @@ def tuning_moved() -> None:
           f"seeds carry no verdict, and the searches above are not in these numbers, so where this table's highest "
           f"differs from the map's pick, the map (seeds 0-4, searches confirmed) is the verdict. Per point and threat model whose every defense is tuned ({len(done)} of "
           f"{len(planned)} so far), the defense with the highest worst case at the matrix's lr ({base:g}) and at each "
-          f"defense's own tuned lr, and how much tuning gained each. \"<=\": lr {base:g} was pruned, so its worst "
-          f"case is at most that (its attacks not run could only lower it).\n")
+          f"defense's own tuned lr, and how much tuning gained each (paired over the tuning seeds). \"<=\": lr {base:g} was "
+          f"pruned, so its worst case is at most that (its attacks not run could only lower it), and a gain over it "
+          f"is a bound.\n")
     print("| protocol | gamma | f | threat model | highest at lr " + f"{base:g}" + " | highest tuned | moved | gain per defense (points) |")
     print("|---|---|---|---|---|---|---|---|")
     at_base = lambda c: next(sc for sc in c["scores"] if sc["point"]["lr"] == base)
@@ -1209,9 +1227,7 @@ def tuning_moved() -> None:
                                                                           kv[0][3] or "")):  # the figures' order
         untuned = max(cs, key=lambda c: at_base(c)["worst_acc"])
         tuned = max(cs, key=lambda c: c["chosen_acc"])
-        gains = "; ".join(f"{compact_defense(c['defense'])} {'at least ' * at_base(c)['pruned']}"
-                          f"{_gain(c['chosen_acc'] - at_base(c)['worst_acc'])} (lr {c['chosen']['lr']:g})"
-                          for c in cs)
+        gains = "; ".join(f"{compact_defense(c['defense'])} {_tuning_gain(at_chosen(c), at_base(c))}" for c in cs)
         # a pruned bound on top may stand above a defense that is truly higher at lr 0.05
         moved = ("not known (lr " + f"{base:g} pruned)" if at_base(untuned)["pruned"] and len(cs) > 1
                  else "yes" if tuned is not untuned else "no")

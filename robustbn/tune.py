@@ -116,6 +116,7 @@ def choose(rows: list[dict[str, Any]], grid: dict[str, list[Any]],
             scores.append({"point": point, "worst_acc": t and t["worst_acc"], "ci_low": t and t["ci_low"],
                            "ci_high": t and t["ci_high"], "seeds": t["seeds"] if t else 0,
                            "worst_attack": t and t["worst_attack"], "attacks": t["attacks"] if t else 0,
+                           "worst_by_seed": t["worst_by_seed"] if t else {},
                            "pruned": bool(t and pruned and pruned(t, i))})
         known = [s for s in scores if s["worst_acc"] is not None]
         candidates = [s for s in known if not s["pruned"]]

@@ -672,7 +672,29 @@ def test_tuning_moved_reads_the_tuning_runs_of_every_device(capsys):
     for (norm, gamma, f, data), lrs in whole.items():
         row = next(line for line in out.splitlines() if line.startswith(f"| {norm_words(norm)} | {gamma:g} | {f} | "
                                                                          f"{'root-free' if data is None else 'trusted'} |"))
-        assert sorted(float(x) for x in re.findall(r"\(lr ([0-9.]+)\)", row.split(" | ")[-1])) == sorted(lrs)
+        assert sorted(float(x) for x in re.findall(r"\blr ([0-9.]*[0-9])", row.split(" | ")[-1])) == sorted(lrs)
+        # each gain carries its seeds: a paired interval over the tuning seeds, or a bound's seeds
+        for gain in row.split(" | ")[-1].split("; lr")[:-1]:
+            assert re.search(r"\((2 pairs|2 seeds, a bound)$", gain) or "the matrix's" in gain, gain
+
+
+def test_a_tuning_gain_is_paired_over_the_tuning_seeds_or_a_bound():
+    """tuning_moved's gain per defense: the tuned lr's worst case - the matrix's, paired over the
+    tuning seeds (the interval a paired t gives on 2 pairs, clipped to +-100 points); a bound,
+    with no interval, where the matrix's lr was pruned; no difference where it was kept."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    import tables
+    from robustbn.stats import paired
+
+    base = {"point": {"lr": 0.05}, "worst_acc": 0.40, "seeds": 2, "pruned": False, "worst_by_seed": {10: 0.38, 11: 0.42}}
+    tuned = {"point": {"lr": 0.1}, "worst_acc": 0.47, "seeds": 2, "pruned": False, "worst_by_seed": {10: 0.44, 11: 0.50}}
+    d = paired(base["worst_by_seed"], tuned["worst_by_seed"])
+    assert tables._tuning_gain(tuned, base) == f"+7.0 [{100 * d.low:.1f}, {100 * d.high:.1f}] (2 pairs; lr 0.1)"
+    assert d.low < 0 < d.high  # two seeds: wide, and no verdict claimed
+    wild = {**tuned, "worst_acc": 0.65, "worst_by_seed": {10: 0.40, 11: 0.90}}  # t on 1 df: past +-100 points
+    assert tables._tuning_gain(wild, base) == "+25.0 [-100.0, 100.0] (2 pairs; lr 0.1)"
+    assert tables._tuning_gain(tuned, {**base, "pruned": True}) == "at least +7.0 (2 seeds, a bound; lr 0.1)"
+    assert tables._tuning_gain(base, base) == "+0.0 (lr 0.05, the matrix's)"
 
 
 def test_curve_findings_pair_each_sweeps_ends_and_the_trusted_defense_against_the_root_free_pick(
