@@ -37,10 +37,11 @@ for line in tables.curve_search_rows()[1][lane - 1::2]:
     print(line)
 unsettled = tables.unsettled_points()
 protocols = ("fbn", "naive", "fixbn")  # seed 002's comparison first, as the tuning's --first
-# within a protocol, its root-free defenses first: they complete the map's picks (the trusted one is alone in its
-# model); point by point, so that each point's cell completes (and its search can start) before the next's begin
-first = lambda item: (protocols.index(item[0][0]) if item[0][0] in protocols else len(protocols),
-                      "fltrust" in item[0][1], item[0][2], item[0][3], item[1])
+# the root-free defenses first, every protocol's: they complete the map's picks and the root-free protocol
+# comparison (the trusted defense is alone in its model); point by point, so that each cell completes (and its
+# search can start) before the next begins
+first = lambda item: ("fltrust" in item[0][1], protocols.index(item[0][0]) if item[0][0] in protocols
+                      else len(protocols), item[0][2], item[0][3], item[1])
 settled = [path for point, path in sorted(tables.tuned_points().items(), key=first) if point not in unsettled]
 # the tuned files whose lr the tuning has settled: lane 2's, and lane 1's too once nothing is left to tune
 # (the same list in the same order: each run is claimed in the store by one lane, the other skips it)
