@@ -3,8 +3,9 @@
 # each) that run what is left, and rerun it as it changes: the tuning (lane 1 an hour at a time,
 # lane 2 30 minutes), then the curve searches that the live store lists as left
 # (docs/tables.curve_search_rows, half each), then the reporting runs of the tuned files whose lr
-# is settled (lane 2; both lanes once the tuning has settled every choice). Every run lands in the
-# store, so any stop loses at most the runs in flight (checkpointed, resumed).
+# is settled (lane 2; both lanes once the tuning has settled every choice), a few cells at a
+# time. Every run lands in the store, so any stop loses at most the runs in flight
+# (checkpointed, resumed).
 #   bash benchmarks/cpu_lanes.sh start    results/board.sqlite rebuilt from docs/results.csv where
 #                                         there is none (robustbn import), then the two lanes
 #   bash benchmarks/cpu_lanes.sh freeze   pause both lanes (SIGSTOP): timings and CI on an idle machine
@@ -42,11 +43,22 @@ protocols = ("fbn", "naive", "fixbn")  # seed 002's comparison first, as the tun
 # search can start) before the next begins
 first = lambda item: ("fltrust" in item[0][1], protocols.index(item[0][0]) if item[0][0] in protocols
                       else len(protocols), item[0][2], item[0][3], item[1])
-settled = [path for point, path in sorted(tables.tuned_points().items(), key=first) if point not in unsettled]
+settled = [(first(item)[:4], item[1]) for item in sorted(tables.tuned_points().items(), key=first)
+           if item[0] not in unsettled]
 # the tuned files whose lr the tuning has settled: lane 2's, and lane 1's too once nothing is left to tune
-# (the same list in the same order: each run is claimed in the store by one lane, the other skips it)
-if settled and (lane == 2 or not unsettled):
-    print(f"robustbn run {' '.join(settled)} --db results/board.sqlite --quiet --yes")
+# (the same list in the same order: each run is claimed in the store by one lane, the other skips it). The first
+# cells with runs left, about 6 files (two root-free cells, six trusted ones) a command: the lane then lists again,
+# so that the search of a cell just completed starts within about a cell's time, not after every file (a lane done
+# with the first cell goes on to the next while the other finishes its last runs of the first)
+cells, files = [], 0
+for cell in dict.fromkeys(cell for cell, path in settled if not tables.all_finished(path)):
+    if files >= 6:
+        break
+    cells.append(cell)
+    files += sum(1 for c, _ in settled if c == cell)
+if cells and (lane == 2 or not unsettled):
+    print(f"robustbn run {' '.join(path for cell, path in settled if cell in cells)} --db results/board.sqlite "
+          f"--quiet --yes")
 PY
 }
 
