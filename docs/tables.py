@@ -588,9 +588,13 @@ def f_sweep_level() -> None:
         from robustbn.worst import BEST, TIED, defense_map
 
         # the f values where the map's root-free pick (or tied set) stands above chance: where the f curve says anything
-        apart = sorted({c["f"] for c in defense_map(curve_runs("f"), "gamma", "f", TUNED) if c["threat"] is None
-                        and c["verdict"] in (BEST, TIED)
-                        and all(p["worst_acc"] > chance + ABOVE_CHANCE for p in c["picks"])})  # none tied with chance
+        apart = defaultdict(set)  # per protocol
+        for c in defense_map(curve_runs("f"), "gamma", "f", TUNED):
+            if c["threat"] is None and c["verdict"] in (BEST, TIED) and all(
+                    p["worst_acc"] > chance + ABOVE_CHANCE for p in c["picks"]):  # none tied with chance
+                apart[c["norm"]].add(c["f"])
+        where = ", ".join(f"{norm_words(norm)}'s " + (f"at f = {', '.join(map(str, sorted(apart[norm])))} only"
+                                                       if apart[norm] else "at no f") for norm, _ in near)
         lower = [f"{norm_words(norm)} ({100 * acc:.1f} against {100 * zero:.1f})" for norm, acc in near
                  if (zero := on_curve(norm, 0.0)[0]) is not None and acc <= zero]
         print(f"\nMeasured on the curves, the level has less room than the board promised: at gamma = {held:g}, "
@@ -598,8 +602,8 @@ def f_sweep_level() -> None:
                                       f"chance" for norm, acc in near)
               + f", within {100 * NEAR_CHANCE:.0f} points of chance as well"
               + (f", and no higher than at gamma = 0: {', '.join(lower)}" if lower else "")
-              + f". Its f curve falls to near chance by f = {f}: the map's root-free pick stands above chance at "
-                + (f"f = {', '.join(map(str, apart))} only. " if apart else "no f. ")
+              + f". {'Its f curve falls' if len(near) == 1 else 'Their f curves fall'} to near chance by f = {f}: "
+                f"the map's root-free pick stands above chance, {where}. "
               + (f"At gamma = {roomy[0]:g} {' and '.join(norm_words(n) for n, _ in near)} "
                  f"{'stands' if len(near) == 1 else 'stand'} {100 * NEAR_CHANCE:.0f} points or more above "
                  f"chance at f = {f}: an f sweep there would keep its room (not run: another {len(values['f']) - 1} "

@@ -114,9 +114,16 @@ def paired(a: dict[Any, float], b: dict[Any, float]) -> Estimate:
     return interval(b[k] - a[k] for k in a if k in b)
 
 
+# Accuracies are stored in float32: chance on a 10-class test set is 0.10000000149 for a model that
+# evaluated and 0.1 for a diverged run counted at chance. A difference within this of 0 is that noise,
+# never a verdict (an accuracy's resolution is 1 / the test set, at least 1e-5 here).
+FLOAT_NOISE = 1e-6
+
+
 def distinct(d: Estimate) -> bool:
-    """Whether a paired difference is told apart from 0: its interval excludes 0."""
-    return d.has_interval and (d.low > 0 or d.high < 0)
+    """Whether a paired difference is told apart from 0: its interval excludes 0 (and float32's
+    noise around it, FLOAT_NOISE)."""
+    return d.has_interval and (d.low > FLOAT_NOISE or d.high < -FLOAT_NOISE)
 
 
 def no_verdict(n: int) -> str:

@@ -594,6 +594,36 @@ def test_the_f_sweeps_level_is_argued_from_the_board_and_the_curves(tmp_path, mo
     assert fbn.split(" | ")[2:] == ["2 of 3 finished", "2 of 3 finished |"]
 
 
+def test_where_the_f_curves_stand_above_chance_is_said_per_protocol(tmp_path, monkeypatch, capsys):
+    """f_sweep_level's measured sentence: with two protocols near chance at gamma = 0.1, f = 3, each
+    protocol's f values where its map pick stands above chance are its own (FBN's at f = 1, naive
+    BN's at none), not the union over protocols."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import tables
+    from test_worst_case import ATTACKS, DEFENSES, add
+
+    from robustbn.store import Store
+
+    level = {("fbn", 1): (0.5, 0.3), ("fbn", 3): (0.103, 0.101), ("naive", 1): (0.1, 0.1), ("naive", 3): (0.102, 0.1)}
+    with Store(tmp_path / "c.sqlite") as store:
+        for (norm, f), accs in level.items():
+            for seed in range(5):
+                for acc, defense in zip(accs, DEFENSES):
+                    add(store, acc + 0.001 * seed * (acc > 0.2), norm=norm, f=f, gamma=0.1, lr=0.05, seed=seed,
+                        **DEFENSES[defense], **ATTACKS["sf-mean"])
+        runs = store.rows()
+    monkeypatch.setattr(tables, "board_runs", lambda: [])
+    monkeypatch.setattr(tables, "curve_runs", lambda x=None: [r for r in runs if x != "gamma" or r["f"] == 3])
+    monkeypatch.setattr(tables, "expected_defenses", lambda norm, threat, gamma, f: 2)
+    tables.f_sweep_level()
+    text = capsys.readouterr().out
+    assert ("at gamma = 0.1, f = 3, FBN's best stands 0.3 points above chance, naive BN's best stands 0.2 points "
+            "above chance" in text)
+    assert ("Their f curves fall to near chance by f = 3: the map's root-free pick stands above chance, "
+            "FBN's at f = 1 only, naive BN's at no f.") in text
+
+
 def test_a_curve_searchs_trials_count_with_the_curves_not_the_board():
     """The time table counts a curve search's trial runs (seeds 10, 11, at a tuned point's setting)
     with the curves: the trial its confirmation repeats on seeds 0-4 is one of them."""

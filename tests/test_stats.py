@@ -14,7 +14,7 @@ from scipy.stats import sem, ttest_rel
 from scipy.stats import t as t_dist
 
 from robustbn.cli import main
-from robustbn.stats import ACCURACY, bands, distinct, interval, paired
+from robustbn.stats import ACCURACY, FLOAT_NOISE, bands, distinct, interval, paired
 from robustbn.store import RESULT_COLUMNS, Store
 from robustbn.worst import worst_case
 from test_worst_case import add, add_raw
@@ -67,7 +67,22 @@ def test_paired_difference_is_scipy_ttest_rel_over_the_shared_seeds(draw):
     elif np.std(diffs) > 1e-6:
         ci = ttest_rel([b[s] for s in shared], [a[s] for s in shared]).confidence_interval(0.95)
         assert (d.low, d.high) == pytest.approx((ci.low, ci.high))
-        assert distinct(d) == (not ci.low <= 0 <= ci.high)
+        assert distinct(d) == (ci.low > FLOAT_NOISE or ci.high < -FLOAT_NOISE)
+
+
+def test_float32_chance_against_a_diverged_run_at_chance_is_no_difference():
+    """An evaluated model at chance stores float32(0.1) = 0.10000000149; a diverged run counts at
+    0.1 exactly. Paired over 5 seeds the difference is the same on every seed, so its interval
+    has no width and, without the noise band, would exclude 0: "lower by 0.0 [0.0, 0.0]"."""
+    import torch
+
+    evaluated = {s: float(torch.tensor(0.1, dtype=torch.float32)) for s in range(5)}
+    diverged = {s: 0.1 for s in range(5)}
+    d = paired(evaluated, diverged)
+    assert d.has_interval and d.high < 0  # the artifact: a zero-width interval just below 0
+    assert not distinct(d)
+    # one test example in 10,000 on every seed is a difference, however small
+    assert distinct(paired(diverged, {s: 0.1001 for s in range(5)}))
 
 
 def test_bands_are_the_interval_at_every_point():
