@@ -273,7 +273,8 @@ def tuning_rule() -> None:
         if len(seeds) > 2 and list(seeds) == list(range(seeds[0], seeds[-1] + 1)):
             return f"{seeds[0]}-{seeds[-1]}"
         return ", ".join(map(str, seeds[:-1])) + f" and {seeds[-1]}"
-    print(f"Each defense's learning rate is tuned at each point before it is attacked, by ByzFL's rule (the max "
+    print(f"Each defense's learning rate is tuned at each point, under the catalogue's attacks, before its reported "
+          f"runs, by ByzFL's rule (the max "
           f"over lr in {{{', '.join(f'{v:g}' for v in sorted(LR_GRID))}}} of the worst case over the attacks; a "
           f"tie goes to the one listed first in {', '.join(f'{v:g}' for v in LR_GRID)}, the order they joined the grid "
           f"in) on seeds {words(TUNING_SEEDS)}; it is then run on seeds {words(REPORT_SEEDS)}.")
@@ -416,8 +417,8 @@ def tuning_status() -> str:
                 len({h for f in files for h in planned_hashes(f)}))
 
     (reported, planned), (searched, confirming) = count(tuned_files()), count(current_confirmations())
-    return (f"Tuning: {len(done)} of at most {attacked} attacked runs (`{tuning_file()}`: {total} runs, of which "
-            f"the rule reads the attacked ones; pruning skips the rest of a point's attacks once it cannot be "
+    return (f"Tuning ran {len(done)} of at most {attacked} attacked runs (`{tuning_file()}`: {total} runs, of which "
+            f"the rule reads the attacked ones; pruning skipped the rest of a point's attacks once it could not be "
             f"chosen); tuned points: {len(tuned_files())} of {len(tuning_plan()[0].defenses)} files written, "
             f"{reported} of their {planned} runs on seeds 0-4 (and {searched} of the {confirming} runs of the "
             f"searches' confirmations at the tuned lr); the curves and the map read the "
@@ -477,11 +478,11 @@ def robustness_table(x: str) -> None:
         if n not in lines:
             missing.append(norm_words(n))
         elif left:
-            missing.append(f"{norm_words(n)}'s {', '.join(compact_defense(w) for w in left)}")
+            missing.append(f"{norm_words(n)}'s {' and '.join(compact_defense(w) for w in left)}")
         elif not planned and all(pts[0].get("server_data") for pts in lines[n].values()):
             missing.append(f"{norm_words(n)}'s root-free defenses")
     print(f"{held} = {value}. A row per defense and {x}: the worst case over the attacks run (%) [95% CI] (seeds; a "
-          f"diverged run counts at chance and is counted), \"searched\" where a confirmed attack search's attack is "
+          f"diverged run is scored at chance, and the diverged runs are counted), \"searched\" where a confirmed attack search's attack is "
           f"among them (elsewhere the catalogue's only: such a point can still fall), the lr tuned at that point, "
           f"the clean accuracy. (grad): on the gradients, (BN): on the BN mean and variance. {tuning_status()}"
           + (f" Not here yet (tuning, or their tuned files' runs, not finished): {'; '.join(missing)}." if missing
@@ -537,12 +538,13 @@ def f_sweep_level() -> None:
     def best(table, planned=None):  # planned: how many root-free defenses the point is to have
         free = [t for t in table if not t.get("server_data") and t["worst_acc"] is not None]
         if planned and 0 < len(free) < planned:  # the highest of some is no pick: the rest may stand above it
-            return None, f"{len(free)} of {planned} finished"
+            return None, f"{len(free)} of {planned} finished", None
         e = max(free, key=lambda t: t["worst_acc"], default=None)
         if e is None:
-            return None, "-"
+            return None, "-", None
         est = Estimate(e["seeds"], e["worst_acc"], e["ci_low"], e["ci_high"], e.get("worst_std"))
-        return e["worst_acc"], f"{interval_cell(est)}, {e['defense']}" + (f", lr {e['lr']:g}" if "lr" in e else "")
+        return (e["worst_acc"], f"{interval_cell(est)}, {e['defense']}" + (f", lr {e['lr']:g}" if "lr" in e else ""),
+                e["ci_low"])
 
     on_board = defaultdict(list)
     for r in board(board_runs()).rows:
@@ -550,7 +552,7 @@ def f_sweep_level() -> None:
     runs = curve_runs("gamma")
     curve = robustness_lines(runs, "gamma", TUNED) if runs else {}
     at = lambda norm, g: [t for pts in curve.get(norm, {}).values() for t in pts if t["gamma"] == g]
-    on_curve = lambda norm, g: best(at(norm, g), expected_defenses(norm, None, g, f))
+    on_curve = lambda norm, g: best(at(norm, g), expected_defenses(norm, None, g, f))[:2]
     print(f"Why gamma = {held:g}: at gamma = 0 each honest client holds about one class, and a curve along f "
           f"means something only where the defenses stand above chance ({100 * chance:.0f}%) at f = {f}. Each "
           f"protocol's highest root-free worst case at f = {f} (the board: lr {lr:g}; the curves: each defense at its "
@@ -559,9 +561,10 @@ def f_sweep_level() -> None:
     print("|---|---|---|---|")
     low, lifted = [], []
     for norm in values["norm"]:
-        board_acc, board_text = best(on_board.get(norm, []))
+        board_acc, board_text, board_low = best(on_board.get(norm, []))
         if board_acc is not None and board_acc - chance < NEAR_CHANCE:
-            low.append(f"{norm_words(norm)}'s best stands {100 * (board_acc - chance):.1f} points above chance")
+            low.append(f"{norm_words(norm)}'s best stands {100 * (board_acc - chance):.1f} points above chance"
+                       + (" (its interval holding chance)" if board_low is not None and board_low <= chance else ""))
             if (tuned_acc := on_curve(norm, 0.0)[0]) is not None and tuned_acc - chance >= NEAR_CHANCE:
                 lifted.append((norm_words(norm), tuned_acc))
         print(f"| {norm_words(norm)} | {board_text} | {on_curve(norm, 0.0)[1]} | {on_curve(norm, held)[1]} |")
@@ -597,13 +600,17 @@ def f_sweep_level() -> None:
                                                        if apart[norm] else "at no f") for norm, _ in near)
         lower = [f"{norm_words(norm)} ({100 * acc:.1f} against {100 * zero:.1f})" for norm, acc in near
                  if (zero := on_curve(norm, 0.0)[0]) is not None and acc <= zero]
-        print(f"\nMeasured on the curves, the level has less room than the board promised: at gamma = {held:g}, "
-              f"f = {f}, " + ", ".join(f"{norm_words(norm)}'s best stands {100 * (acc - chance):.1f} points above "
-                                      f"chance" for norm, acc in near)
-              + f", within {100 * NEAR_CHANCE:.0f} points of chance as well"
-              + (f", and no higher than at gamma = 0: {', '.join(lower)}" if lower else "")
-              + f". {'Its f curve falls' if len(near) == 1 else 'Their f curves fall'} to near chance by f = {f}: "
-                f"the map's root-free pick stands above chance, {where}. "
+        # near chance at gamma = 0 too: the board's room was lost to the tuned lr and the searches, not to the level
+        flat = [f"{norm_words(norm)} {100 * zero:.1f}" for norm, _ in near
+                if (zero := on_curve(norm, 0.0)[0]) is not None and zero - chance < NEAR_CHANCE]
+        print(f"\nMeasured on the curves (each defense at its tuned lr, the searches' attacks included): at gamma = "
+              f"{held:g}, f = {f}, " + " and ".join(f"{norm_words(norm)}'s best stands {100 * (acc - chance):.1f} "
+                                                   f"points above chance" for norm, acc in near)
+              + (f", no higher than at gamma = 0: {', '.join(lower)}" if lower else "")
+              + (f". At gamma = 0 the curves stand within {100 * NEAR_CHANCE:.0f} points of chance too "
+                 f"({', '.join(flat)}): the room the board shows at gamma = 0 (lr {lr:g}) is on neither level of "
+                 f"the curves, so it was not the level that lost it" if len(flat) == len(near) else "")
+              + f". Along f, the map's root-free pick stands above chance: {where}. "
               + (f"At gamma = {roomy[0]:g} {' and '.join(norm_words(n) for n, _ in near)} "
                  f"{'stands' if len(near) == 1 else 'stand'} {100 * NEAR_CHANCE:.0f} points or more above "
                  f"chance at f = {f}: an f sweep there would keep its room (not run: another {len(values['f']) - 1} "
@@ -638,7 +645,7 @@ def curve_findings() -> None:
         return
     chance, values = chance_of(runs[0]), read(ROOT / ROBUSTNESS_MATRIX)
     print("How each defense's worst case moves from one end of a sweep to the other, each end at its tuned lr "
-          "(difference: the far end - the near end, paired over the seeds both ran; \"both at chance\" where "
+          "(difference: the far end - the near end, paired over the seeds both ran; \"both at or below chance\" where "
           "neither stands a point above it). \"searched\": an attack search's confirmed attack is among those run "
           "there; \"not searched yet\": a pick whose attack search has not run, which can still fall (\"Which "
           "defense to use where\"). (grad): on the gradients, (BN): on the BN mean and "
@@ -874,7 +881,7 @@ def same_defense(runs: list[dict], planned: list[str]) -> None:
     rows = [(key, here) for key, here in by_point.items() if reference in here and any(n in here for n in others)]
     print(f"The same defense for every protocol, each at its own tuned lr: the difference against "
           f"{norm_words(reference)} (other - {norm_words(reference)}, paired over seeds; \"higher\" or \"lower\" "
-          f"only where the interval excludes 0; \"both at chance\" where neither stands a point above it). "
+          f"only where the interval excludes 0; \"both at or below chance\" where neither stands a point above it). "
           f"No defense is chosen here, so no selection leans either way; but "
           f"where one side is \"searched\" (a confirmed attack search's attack among those it ran) and the other "
           f"is not, the searched side's worst case is over more attacks. A defense and point where only "
@@ -903,10 +910,10 @@ ABOVE_CHANCE = AT_CHANCE  # a pick within it of chance is broken: no search chan
 
 
 def worst_diff(b: dict, a: dict, chance: float) -> str:
-    """b's worst case - a's, paired over seeds; "both at chance" where neither stands ABOVE_CHANCE
+    """b's worst case - a's, paired over seeds; "both at or below chance" where neither stands ABOVE_CHANCE
     above it (a gap of hundredths of a point between two broken models is no verdict)."""
     if max(a["worst_acc"], b["worst_acc"]) - chance < ABOVE_CHANCE:
-        return "both at chance"
+        return "both at or below chance"
     return seeds_diff(b["worst_by_seed"], a["worst_by_seed"])
 
 
@@ -1006,7 +1013,31 @@ def given_attacks(confirmed: set[str]) -> dict[tuple, list[str]]:
         if f in confirmed or all_finished(f):
             (norm, defense, *_), _ = point_of_file(f)
             out[(norm, defense)].setdefault(attack_of(f), f)
+    for (norm, defense), files in board_confirmations().items():  # the same defense's board point
+        for f in files:
+            out[(norm, defense)].setdefault(attack_of(f), f)
     return {k: sorted(v.values()) for k, v in out.items()}
+
+
+def board_confirmations() -> dict[tuple, list[str]]:
+    """The board's confirmed searches (gamma = 0, the matrix's lr) by (norm, defense): the same
+    defense at another point, so a curve search tries their attacks too, those in its search
+    space (the board's searches ran the same spaces; a few of their files ran others)."""
+    from robustbn.search import SearchError, given_point, load
+
+    out = defaultdict(list)
+    with chdir(ROOT):
+        for f in board_files():
+            if not Path(f).name.startswith(SEARCHED_PREFIX):
+                continue
+            (norm, defense, *_), _ = point_of_file(f)
+            try:
+                space_file = _search_space(norm, defense)
+                given_point(f, *load(space_file, [], on=None, sampler_seed=None))
+            except (SearchError, SystemExit):
+                continue
+            out[(norm, defense)].append(f)
+    return dict(out)
 
 
 def point_of_file(path: str) -> tuple[tuple, Any]:
@@ -1095,13 +1126,19 @@ def curve_searches() -> None:
         print(f"No search yet: the searches follow the curves' picks. {tuning_status()}")
         return
     rows, left = curve_search_rows()
-    print(f"{sum(row[2] for row in rows)} of the {len(rows)} picks a search could change are searched and "
-          f"confirmed: at points with two defenses or more, each pick of the map; at points with two protocols or "
-          f"more, each pick that decides which protocol stands highest (the leader, or one tied with it); each "
-          f"standing more than {100 * ABOVE_CHANCE:g} point above chance, or searched already. Each search runs on seeds 10 and 11 at the defense's tuned lr "
-          f"and then tries (`--try`) the attacks confirmed against the same defense at its other points, and at an "
-          f"lr its point has since left (one file per attack), so that a short search does not miss what broke it "
-          f"next door; its attack is confirmed on seeds 0-4, which the "
+    done, partly = sum(row[2] for row in rows), sum(row[3] and not row[2] for row in rows)
+    print(f"The picks a search could change: at points with two defenses or more, each pick of the map; at points "
+          f"with two protocols or more, each pick that decides which protocol stands highest (the leader, or one "
+          f"tied with it); each standing more than {100 * ABOVE_CHANCE:g} point above chance, or fully searched "
+          f"already (a pick at chance has nothing left to lose). "
+          + (f"Of these {len(rows)}, {done} are fully searched and confirmed, {partly} have their own search "
+             f"confirmed but not yet the attacks confirmed against the same defense at its other points, and "
+             f"{len(rows) - done - partly} are not searched yet. " if rows else "There is none now. ")
+          + f"Each search runs on seeds 10 and 11 at the defense's tuned lr "
+          f"and then tries (`--try`) the attacks confirmed against the same defense at its other points, at an "
+          f"lr its point has since left, and by the board's searches (gamma = 0, f = {SWEEPS['gamma'][1]}, the "
+          f"matrix's lr; those in the search's space), one file per attack, so that a short search does not miss "
+          f"what broke it next door; its attack is confirmed on seeds 0-4, which the "
           f"curves and the map then count. A search that ends on one of the catalogue's attacks confirms runs the "
           f"tuned file has made already (the same runs): the point reads searched, and its worst attack stays "
           f"a catalogue one.\n")
@@ -1120,7 +1157,7 @@ def curve_searches() -> None:
     elsewhere = [(key, t) for key, t in confirmed_points().items() if key not in picked]
     if elsewhere:
         print("\nSearches confirmed at a defense and point the table above does not list (its search moved the pick, "
-              "another defense rose above it, the cell now stands at chance, where no search changes it, or, for a "
+              "another defense rose above it, the defense now stands at chance, where no search changes the map, or, for a "
               "trusted defense, no other protocol has finished there to be compared with); their attacks count in "
               "the curves all the same:\n")
         print("| protocol | gamma | f | defense | worst case now | its worst attack |")
@@ -1242,6 +1279,48 @@ def tuning_moved() -> None:
     grid_edge(values["lr"], [c for cs in points.values() for c in cs], chance_of(next(iter(finished.values()))))
 
 
+def tuning_at_board_point() -> None:
+    """What tuning did on the reported seeds, searches included, at the one point the curves share
+    with the board (gamma = 0, f = SWEEPS["gamma"][1]): each curve defense at the matrix's lr (the
+    board's runs) against its tuned lr (the curves' runs), paired over seeds 0-4."""
+    from robustbn.labels import compact_defense, norm_order, norm_words
+    from robustbn.matrix import read
+    from robustbn.plots import robustness_lines
+    from robustbn.stats import chance as chance_of
+
+    values = read(ROOT / ROBUSTNESS_MATRIX)
+    lr, f = values["lr"], SWEEPS["gamma"][1]
+    at_point = lambda runs: [r for r in runs if float(r["gamma"]) == 0.0 and r["f"] == f]
+    curve, board = at_point(curve_runs("gamma")), at_point(board_runs())
+    points = lambda runs: {(t["norm"], t["defense"], t.get("server_data")): t for mine in
+                           robustness_lines(runs, "gamma", TUNED).values() for pts in mine.values() for t in pts
+                           if t["worst_acc"] is not None} if runs else {}
+    tuned, untuned = points(curve), points(board)
+    pairs = sorted(((k, untuned[k], t) for k, t in tuned.items() if k in untuned),
+                   key=lambda kv: (norm_order(kv[0][0]), kv[0][2] or "", kv[0][1] != "mean", kv[0][1]))
+    print(f"The table above reads the tuning seeds and the catalogue only. On the reported seeds, with the searches, "
+          f"one point can say what tuning did: gamma = 0, f = {f}, where the board ran each defense at the matrix's lr "
+          f"({lr:g}) and the curves at its tuned lr. Each worst case is over the attacks its own side ran (the "
+          f"catalogue, and the searches confirmed at that lr): a search confirmed on one side was not run on the "
+          f"other, so a difference is the lr's and the attacks' together. ByzFL's rule over every attack would run "
+          f"each side's searched attacks at the other's lr too (not run). Difference: tuned - lr {lr:g}, paired over "
+          f"seeds 0-4; \"both at or below chance\" where neither stands a point above it.\n")
+    if not pairs:
+        print(f"No defense has finished at gamma = 0, f = {f} on both the board and the curves yet.\n")
+        return
+    chance = chance_of(curve[0])
+    cell = lambda t: f"{estimate_cell(t)}{', searched' if t['searched'] else ''}; worst: {t['worst_short']}"
+    print(f"| protocol | defense | lr {lr:g} (the board) | tuned lr (the curves) | difference |")
+    print("|---|---|---|---|---|")
+    for (norm, defense, data), base, mine in pairs:
+        # a side searched against one that is not: the unsearched worst case can still fall
+        lopsided = "" if base["searched"] == mine["searched"] else \
+            f"; the {'tuned' if base['searched'] else 'board'} side not searched yet"
+        print(f"| {norm_words(norm)} | {compact_defense(defense)}{' (trusted)' if data else ''} | {cell(base)} | "
+              f"lr {mine['lr']:g}: {cell(mine)} | {worst_diff(mine, base, chance)}{lopsided} |")
+    print()
+
+
 def grid_edge(grid: list[float], choices: list[dict], chance: float = 0.1) -> None:
     """How many settled choices sit at an end of the lr grid, where a wider grid could find a
     better lr (ByzFL's rule is the max over the grid given), and which defenses they are."""
@@ -1304,9 +1383,12 @@ def curve_defenses() -> None:
         if d.get("root_size") is None:
             in_file[d["norm"]].add(setting_defense_words(d))
     rows = board(board_runs()).rows
-    print("| protocol | the curves' root-free rows | the board's highest best or tied root-free row now | agrees |")
+    always = {"nnm+trmean", "mean"}  # seed 002's rule and the undefended mean run for every protocol
+    print("| protocol | the curves' root-free row from the board (beside nnm+trmean and the mean) | the board's "
+          "highest best or tied root-free row now | agrees |")
     print("|---|---|---|---|")
     for norm, defenses in in_file.items():
+        defenses = defenses - always or defenses
         ranked = [r for r in rows if r["norm"] == norm and not r["server_data"] and r["worst_acc"] is not None
                   and r["verdict"] in ("best", "tied for best")]
         top = max(ranked, key=lambda r: r["worst_acc"], default=None)

@@ -70,7 +70,9 @@ def ci_text(low: float | None, high: float | None, n: int | None, scale: float =
         return ""
     if low is None or high is None:
         return f"{n} {unit}{'s' * (n != 1)}, no interval"
-    return f"[{scale * low:.{digits}f}, {scale * high:.{digits}f}]"
+    end = lambda v: f"{scale * v:.{digits}f}".replace("-", "") if round(scale * v, digits) == 0 else \
+        f"{scale * v:.{digits}f}"  # "-0.0" is a rounding, not a sign
+    return f"[{end(low)}, {end(high)}]"
 
 
 def half_width(std: Any, n: Any) -> Any:

@@ -117,7 +117,20 @@ def versions() -> dict[str, str]:
 
     from . import __version__
     return {"robustbn": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
-            "python": platform.python_version()}
+            "python": platform.python_version(), "cpu": cpu_model()}
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """The processor's name ("AMD EPYC 7B13", "Intel(R) Xeon(R) Processor"): CPU kernels round
+    differently across processors, so a run repeats bit for bit only on the same one."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 @functools.lru_cache(maxsize=1)

@@ -462,8 +462,7 @@ def pick_head(cell: dict[str, Any], chance: float | None = None) -> str:
         return "none works (at chance)"
     head = {BEST: "use", TIED: f"{len(picks)} tied", ONLY: ONLY}.get(verdict, verdict)
     if verdict == TIED and any(at_chance):
-        head += ", one at chance: none shown above it" if sum(at_chance) == 1 else \
-            f", {sum(at_chance)} at chance: none shown above them"
+        head += f", {'one' if sum(at_chance) == 1 else sum(at_chance)} of them at chance: none is shown above chance"
     return head
 
 

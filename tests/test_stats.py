@@ -280,3 +280,14 @@ def test_too_few_pairs_for_a_verdict():
     assert MIN_PAIRS == 5
     assert [too_few(n) for n in (None, 0, 1, 4, 5, 9)] == [None, "0 seeds, no verdict", "1 seed, no verdict",
                                                            "4 seeds, no verdict", None, None]
+
+
+def test_an_interval_that_rounds_to_zero_reads_without_a_minus_sign():
+    """ci_text: float32 means give ends of -1e-9; "[-0.0, -0.0]" would read as an interval that
+    excludes its own estimate of +0.0. A negative end that does not round to zero keeps its sign."""
+    from robustbn.stats import ci_text
+
+    assert ci_text(-1e-9, -2e-9, 2, scale=100, digits=1, unit="pair") == "[0.0, 0.0]"
+    assert ci_text(-0.0004, 0.0004, 5, scale=100, digits=1) == "[0.0, 0.0]"
+    assert ci_text(-0.012, 0.5, 3, scale=100, digits=1) == "[-1.2, 50.0]"
+    assert ci_text(-0.00004, 0.1, 3) == "[0.0000, 0.1000]"

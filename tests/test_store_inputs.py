@@ -237,3 +237,22 @@ def test_opening_a_current_store_takes_no_write_lock(tmp_path, monkeypatch):
     finally:
         writer.execute("ROLLBACK")
         writer.close()
+
+
+def test_a_run_records_the_processor_it_ran_on(tmp_path):
+    """CPU kernels round differently across processors, so a stored run says which one made it
+    (its `versions`: the processor's name beside torch's version), as well as its device."""
+    import json
+
+    from robustbn.store import cpu_model, versions
+
+    with Store(tmp_path / "r.sqlite") as store:
+        store.finish("h", {"seed": 0}, [{"round": 1, "test_acc": 0.5}], {}, 1.0, "cpu")
+        (stored,) = store.db.execute("SELECT versions FROM runs WHERE hash = 'h'").fetchone()
+    recorded = json.loads(stored)
+    assert recorded == versions() and recorded["cpu"] == cpu_model() != ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():  # Linux: the name /proc/cpuinfo gives
+        names = [line.partition(":")[2].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith("model name")]
+        assert not names or recorded["cpu"] == names[0]

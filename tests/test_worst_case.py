@@ -588,7 +588,7 @@ def test_the_map_names_the_best_or_the_tied_set_per_cell_by_the_paired_rule(tmp_
     assert texts[(1, 0)].replace("\n", " ") == f"use mean (grad), nnm+median (BN) {100 * p['worst_acc']:.0f}% {band}"
     assert texts[(1, 1)].startswith("2 tied\n") and texts[(0, 1)].startswith("2 seeds, no verdict\n")
     # a tied pick at chance is counted in the verdict, not drawn: the cell names the pick above it alone
-    assert texts[(2, 0)].replace("\n", " ").startswith("2 tied, one at chance: none shown above it mean (grad), "
+    assert texts[(2, 0)].replace("\n", " ").startswith("2 tied, one of them at chance: none is shown above chance mean (grad), "
                                                        "nnm+median (BN) 14% [") and texts[(2, 0)].count("%") == 1
     assert "[95% interval], on 1-5 seeds" in fig.get_suptitle().replace("\n", " ")
     # a cell still waiting for a planned defense picks none in the figure, as in the tables (defense_map's expected)
@@ -891,9 +891,9 @@ def test_a_map_cell_at_chance_says_none_works_and_a_tied_set_names_its_picks_at_
     assert pick_head({"verdict": TIED, "picks": [pick(0.105), pick(0.1)]}, chance) == "none works (at chance)"
     assert pick_head({"verdict": ONLY, "picks": [pick(chance + AT_CHANCE)]}, chance) == "none works (at chance)"
     assert pick_head({"verdict": TIED, "picks": [pick(0.145), pick(0.14), pick(0.1)]}, chance) == \
-        "3 tied, one at chance: none shown above it"
+        "3 tied, one of them at chance: none is shown above chance"
     assert pick_head({"verdict": TIED, "picks": [pick(0.3), pick(0.1), pick(0.1)]}, chance) == \
-        "3 tied, 2 at chance: none shown above them"
+        "3 tied, 2 of them at chance: none is shown above chance"
     assert pick_head({"verdict": BEST, "picks": [pick(0.111)]}, chance) == "use"
     assert pick_head({"verdict": ONLY, "picks": [pick(0.58)]}, chance) == ONLY == "the only defense run"
     assert pick_head({"verdict": TIED, "picks": [pick(0.1), pick(0.1)]}) == "2 tied"
