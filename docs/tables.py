@@ -1023,6 +1023,7 @@ def board_confirmations() -> dict[tuple, list[str]]:
     """The board's confirmed searches (gamma = 0, the matrix's lr) by (norm, defense): the same
     defense at another point, so a curve search tries their attacks too, those in its search
     space (the board's searches ran the same spaces; a few of their files ran others)."""
+    from robustbn.matrix import MatrixError
     from robustbn.search import SearchError, given_point, load
 
     out = defaultdict(list)
@@ -1034,7 +1035,7 @@ def board_confirmations() -> dict[tuple, list[str]]:
             try:
                 space_file = _search_space(norm, defense)
                 given_point(f, *load(space_file, [], on=None, sampler_seed=None))
-            except (SearchError, SystemExit):
+            except (SearchError, MatrixError, SystemExit):  # outside the space, or no space: the search says so
                 continue
             out[(norm, defense)].append(f)
     return dict(out)

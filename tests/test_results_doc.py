@@ -956,3 +956,53 @@ def test_tuning_at_the_boards_point_pairs_the_boards_lr_with_the_tuned_one(tmp_p
     assert "| 52.0 [" in row and "(5 seeds), searched; worst: SF (mean) | lr 0.01: 34.0 [" in row
     # every seed lower by 0.2 - 0.01 * seed: -18.0 on average, its interval below 0
     assert re.search(r"\| -18\.0 \[-[\d.]+, -[\d.]+\] \(5 pairs; lower\); the tuned side not searched yet \|$", row)
+
+
+def test_a_curve_search_tries_the_boards_confirmed_attacks_on_the_same_defense(tmp_path, monkeypatch, capsys):
+    """The board's confirmation files (scenarios/searched_worst_*.toml: gamma = 0, the matrix's
+    lr) are the same defense at another point: a curve search of that defense tries their attacks
+    (--try), those its search space holds; a board file of another defense, or of an attack
+    outside the space, is no --try of it."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import shutil
+
+    import tables
+    from test_worst_case import ATTACKS, BASE, DEFENSES, add
+
+    from robustbn.evaluate import toml_text
+    from robustbn.store import Store
+
+    tuned_dir = tmp_path / tables.TUNED_DIR
+    tuned_dir.mkdir(parents=True)
+    shutil.copy(ROOT / "scenarios" / "search_fbn_nnm_trmean_heldout.toml", tmp_path / "scenarios" / "search_fbn.toml")
+    with Store(tmp_path / "c.sqlite") as store:
+        for d, defense in enumerate(DEFENSES):
+            values = {**BASE, "norm": "fbn", "f": 3, "gamma": 1.0, "lr": 0.01, "seed": list(range(5)),
+                      **DEFENSES[defense]}
+            (tuned_dir / f"tuned_fbn_{defense.replace('+', '_')}_gamma_1.toml").write_text(toml_text(values))
+            for seed in range(5):  # nnm+median the pick, well above chance
+                add(store, 0.3 + 0.5 * d + 0.01 * seed, norm="fbn", f=3, gamma=1.0, lr=0.01, seed=seed,
+                    **DEFENSES[defense], **ATTACKS["sf-mean"])
+        runs = store.rows()
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    monkeypatch.setattr(tables, "curve_runs", lambda x=None: runs)
+    monkeypatch.setattr(tables, "_search_space", lambda norm, defense: "scenarios/search_fbn.toml")
+    board = {**BASE, "norm": "fbn", "f": 3, "gamma": 0.0, "lr": 0.05, "seed": list(range(5))}
+    files = {"searched_worst_fbn_nnm_median.toml": {**DEFENSES["nnm+median"], "grad_attack": "ipm",
+                                                     "grad_attack_params": {"eps": 0.5}},
+             "searched_worst_fbn_nnm_median_foe.toml": {**DEFENSES["nnm+median"], "grad_attack": "foe"},
+             "searched_worst_fbn_mean.toml": {**DEFENSES["mean"], "grad_attack": "ipm",
+                                              "grad_attack_params": {"eps": 2.0}}}
+    for name, fields in files.items():
+        (tmp_path / "scenarios" / name).write_text(toml_text({**board, **fields}))
+    (command,) = [c for c in tables.curve_search_rows()[1] if "nnm_median" in c.split(" --on ")[1].split()[0]]
+    assert command.count("--try") == 1 and "--try scenarios/searched_worst_fbn_nnm_median.toml " in command
+    # once the point's search has tried it (its confirmation's description names the attack), it is done
+    confirm = command.split("--confirm ")[1].split()[0]
+    tried = tables.attack_of("scenarios/searched_worst_fbn_nnm_median.toml")
+    (tmp_path / confirm).write_text(toml_text({**board, "gamma": 1.0, "lr": 0.01, **DEFENSES["nnm+median"],
+                                               **ATTACKS["sf-mean"], "description": f"it tried too x.toml ({tried})"}))
+    monkeypatch.setattr(tables, "all_finished", lambda path: True)
+    monkeypatch.setattr(tables, "own_seed_runs", lambda path: [r for r in runs if r["bn_agg"] == "nnm+median"])
+    assert not [c for c in tables.curve_search_rows()[1] if "nnm_median" in c.split(" --on ")[1].split()[0]]
