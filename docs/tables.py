@@ -731,8 +731,8 @@ def robustness_map() -> None:
     notes = pick_notes()
     # a row per pick in three columns, not a grid of cells naming several defenses each: a phone's width
     print("Each point's verdict is on its first row; the rows under it are the defenses tied with it (the gap: the "
-          "first - it, paired over seeds, its interval holding 0), or, under a lone pick, the closest other defense "
-          "and how much lower it stands (paired over seeds). Each defense: its "
+          "first - it, paired over seeds, its interval holding 0), then the closest defense outside the pick or the "
+          "tied set, \"next\", and how much lower than the first it stands (paired over seeds). Each defense: its "
           "worst case (%) [95% interval] (seeds; its tuned lr, and \"searched\" where an attack search's confirmed "
           "attack is among those run there; with neither \"searched\" nor \"not searched yet\", the catalogue's "
           "attacks only, where no search could change the verdict). (grad): on the gradients, (BN): on the BN mean "
@@ -744,7 +744,7 @@ def robustness_map() -> None:
         for g in xs:
             for f in ys:
                 c = here.get((f, g))
-                # a lone best's margin: the closest other defense on the next row, with its paired gap
+                # the picks' margin: the closest other defense on the next row, with its paired gap
                 after = [c["runner_up"]] if c and c.get("runner_up") else []
                 for i, p in enumerate([*c["picks"], *after] if c else ()):
                     note = notes.get((norm, threat, g, f, p["defense"]), "")

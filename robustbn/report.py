@@ -613,7 +613,7 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
                 tied = lambda p: f"tied, gap {gap(p)}: " if p.get("gap_low") is not None else ""
                 picks = "".join(f"<div>{e(tied(p) if i else '')}{e(_map_pick(p, tuned, note(p)))}</div>"
                                 for i, p in enumerate(c["picks"]))
-                if nxt := c.get("runner_up"):  # a lone best's margin over the closest other, paired over seeds
+                if nxt := c.get("runner_up"):  # the picks' margin over the closest other, paired over seeds
                     picks += f"<div>next, lower by {gap(nxt)}: {e(_map_pick(nxt, tuned, note(nxt)))}</div>"
                 rows.append(f'<tr><td>{g:g}</td><td>{f}</td><td><b>{e(pick_head(c, chance))}</b></td>'
                             f'<td>{picks}</td></tr>')
@@ -654,10 +654,10 @@ def render_html(board: Board, images: list[tuple[str, str]] = (), title: str = "
     bodies = []
     for r in board.rows:
         tds = []
-        for col, text in enumerate(cells(r)):
+        for col, words in enumerate(cells(r)):
             v = _sort_value(r, col)
             attrs = (f' data-v="{v}"' if v is not None else "") + (' class="num"' if v is not None else "")
-            tds.append(f"<td{attrs}>{e(text)}</td>")
+            tds.append(f"<td{attrs}>{e(words)}</td>")
         runs = "".join(
             f"<tr><td>{e(str(run['seed']))}</td><td><code>{e(str(run['hash']))}</code></td>"
             f"<td>{e(run['code_version'] or 'not recorded')}</td><td>{e(str(run['status']))}</td><td>{e(run['attack'])}</td>"

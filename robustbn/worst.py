@@ -334,8 +334,9 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tune
     (the defenses: defense, worst_acc, ci_low, ci_high, seeds, worst_attack, worst_by_seed,
     no_attack_acc, no_attack_low, no_attack_high, no_attack_seeds; in a tied set also gap,
     gap_low, gap_high, gap_pairs: the highest - it, paired), defenses (how
-    many ran there) and runner_up (where one defense is best: the closest other, as a pick, with
-    its gap, best - it, and the gap's interval and pairs; else None). `tuned` (as `worst_case`): each pick carries its values of them.
+    many ran there) and runner_up (where one defense is best, or a set tied for best, and another
+    ran below: the closest other, as a pick, with its gap, best - it, and the gap's interval and
+    pairs; else None). `tuned` (as `worst_case`): each pick carries its values of them.
     `expected(norm, threat, x value, y value)`: how many defenses the cell is to have; where
     fewer have run, the cell picks none ("k of m defenses run, no pick yet")."""
     tuned = tuple(tuned)
@@ -359,9 +360,9 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tune
         if want is not None and len(ts) < want:  # a pick among some of the defenses is no pick
             picks, verdict = ts, f"{len(ts)} of {want} defenses run, {NO_PICK_YET}"
         picks = sorted(picks, key=lambda t: -t["worst_acc"])
-        # a best pick's margin: the closest other defense, its gap (best - it) paired over seeds
+        # the picks' margin: the closest defense outside them, its gap (the first - it) paired over seeds
         rest = [t for t in ts if t not in picks and t["gap"] is not None]
-        close = min(rest, key=lambda t: t["gap"], default=None) if verdict == BEST else None
+        close = min(rest, key=lambda t: t["gap"], default=None) if verdict in (BEST, TIED) else None
         shown = lambda t: {**{k: t[k] for k in ("defense", "worst_acc", "ci_low", "ci_high", "seeds", "worst_attack",
                                                 "worst_by_seed", "no_attack_acc", "no_attack_low", "no_attack_high",
                                                 "no_attack_seeds")},

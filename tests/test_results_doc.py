@@ -880,7 +880,7 @@ def test_curve_searches_list_the_picks_that_decide_a_protocol_verdict(tmp_path, 
 
 def test_the_maps_tied_rows_hold_0_in_their_gap_and_its_lone_picks_exclude_it():
     """In the shipped results.md map, a defense "tied" with a cell's first has a paired gap whose
-    95% interval holds 0, and the defense "next, lower by" under a lone pick one that excludes it:
+    95% interval holds 0, and the defense "next, lower by" under a pick or a tied set one that excludes it:
     the words and the numbers beside them say the same."""
     rows = re.findall(r"^\|  \| (tied, gap|next, lower by) (-?[\d.]+) \[(-?[\d.]+), (-?[\d.]+)\] \((\d+) pairs\) \|",
                       RESULTS.read_text("utf-8"), re.M)

@@ -899,3 +899,25 @@ def test_a_map_cell_at_chance_says_none_works_and_a_tied_set_names_its_picks_at_
     assert pick_head({"verdict": TIED, "picks": [pick(0.1), pick(0.1)]}) == "2 tied"
     assert pick_head({"verdict": "2 of 3 defenses run, no pick yet", "picks": [pick(0.1)]}, chance) == \
         "2 of 3 defenses run, no pick yet"
+
+
+def test_a_tied_set_carries_its_margin_over_the_closest_defense_below_it(tmp_path):
+    """defense_map: a cell whose two highest defenses tie, with a third below them, names that
+    third as its runner_up, with the gap (the first - it) paired over seeds, its interval above 0:
+    a defense left out of the tied set is shown, not missing."""
+    from robustbn.worst import TIED, defense_map
+
+    noise = [0.00, 0.03, -0.02, 0.01, -0.01]
+    three = {**DEFENSES, "median": dict(bn_agg="median")}
+    with Store(tmp_path / "t.sqlite") as store:
+        for seed in range(5):
+            for defense, acc in zip(three, (0.30 + noise[seed], 0.30 + noise[(seed + 2) % 5], 0.12 + noise[seed])):
+                add(store, acc, norm="fbn", f=3, gamma=0.0, seed=seed, **three[defense], **ATTACKS["sf-mean"])
+        rows = store.rows()
+    (cell,) = defense_map(rows, "gamma", "f")
+    assert cell["verdict"] == TIED and len(cell["picks"]) == 2
+    nxt = cell["runner_up"]
+    first = max(cell["picks"], key=lambda p: p["worst_acc"])
+    gaps = [first["worst_by_seed"][s] - nxt["worst_by_seed"][s] for s in range(5)]
+    assert "median" in nxt["defense"] and nxt["gap_pairs"] == 5 and nxt["gap_low"] > 0
+    assert nxt["gap"] == pytest.approx(statistics.fmean(gaps))
