@@ -2,11 +2,11 @@
 
     python benchmarks/rerun.py --db results/board.sqlite [--limit 2] [--where norm=fixbn grad_agg=dnc ...]
 
-Picks finished runs from the store, the --limit most recent with a recorded torch version (made
-by this code's lineage on a recorded machine) and the --limit oldest without one (imported from
-docs/results.csv: made on an earlier machine), reruns each scenario exactly as stored (same
-fields, same seed, one torch thread, on the CPU) and prints the stored and the new final accuracy
-side by side and whether they are equal bit for bit. Nothing is written to the store.
+Picks finished CPU runs from the store (none resumed from a checkpoint), the --limit last stored
+with recorded versions (made since versions were recorded) and the --limit first stored without
+them (older, imported from docs/results.csv), reruns each scenario exactly as stored (same fields,
+same seed, one torch thread, on the CPU) and prints the stored and the new final accuracy side by
+side and whether they are equal bit for bit. Nothing is written to the store.
 """
 
 from __future__ import annotations
@@ -47,17 +47,17 @@ def main() -> None:
             sys.exit(f"--where {item}: expected FIELD=VALUE")
         where[field] = value(text)
     torch.set_num_threads(1)
-    with Store(args.db) as store:
-        runs = [r for r in store.rows(where, status="done") if args.rounds in (None, r.get("rounds"))]
+    with Store(args.db) as store:  # rows() keeps the store's order: the order the runs were stored in
+        runs = [r for r in store.rows(where, status="done") if args.rounds in (None, r.get("rounds"))
+                and r.get("device") == "cpu" and r.get("resumed_from") is None  # a resumed run may differ
+                and r.get("engine") in (None, "robustbn")]
         versions = dict(store.db.execute("SELECT hash, versions FROM runs"))
-    recorded = sorted((r for r in runs if versions.get(r["hash"]) and r.get("device") == "cpu"),
-                      key=lambda r: r["hash"])[-args.limit:]
-    imported = sorted((r for r in runs if not versions.get(r["hash"]) and r.get("device") == "cpu"),
-                      key=lambda r: r["hash"])[:args.limit]
+    recorded = [r for r in runs if versions.get(r["hash"])][-args.limit:]
+    imported = [r for r in runs if not versions.get(r["hash"])][:args.limit]
     from robustbn.store import cpu_model
 
     print(f"Rerun here: {cpu_model()}, torch {torch.__version__}, one thread.\n")
-    print("| run | stored by | stored acc | now | equal bit for bit | s |")
+    print("| run | stored by | stored acc | now | the same final accuracy, bit for bit | s |")
     print("|---|---|---|---|---|---|")
     for kind, r in [("recorded", r) for r in recorded] + [("imported", r) for r in imported]:
         scenario = scenario_dict(r)
@@ -69,7 +69,7 @@ def main() -> None:
                           if scenario.get(k) is not None)
         cpu = json.loads(versions[r["hash"]]).get("cpu", "processor not recorded") if kind == "recorded" else \
             "imported from the CSV: processor not recorded"
-        by = f"{r.get('code_version') or '?'} ({cpu})"
+        by = f"{r.get('code_version') or '?'} ({cpu})"  # the code that made it; '?': not recorded
         print(f"| {words} | {by} | {100 * stored:.2f} | {100 * now:.2f} | {'yes' if now == stored else 'no'} | "
               f"{time.perf_counter() - t:.0f} |", flush=True)
 

@@ -123,7 +123,7 @@ def seeds_diff(b: dict, a: dict, higher="higher", lower="lower", min_pairs: int 
         return "no seed in common"
     ci = ci_text(d.low, d.high, d.n, scale=100, digits=1, unit="pair")
     ci = f" {ci}" if d.has_interval else ""
-    return f"{100 * d.mean:+.1f}{ci} ({d.n} pair{'s' * (d.n != 1)}; {verdict(d, higher, lower, min_pairs)})"
+    return f"{_gain(d.mean)}{ci} ({d.n} pair{'s' * (d.n != 1)}; {verdict(d, higher, lower, min_pairs)})"
 
 
 # the paper's schedule (T = 1500) costs 7.5x a T = 200 run: issue 30 lets its findings stand on 3 seeds
@@ -538,13 +538,13 @@ def f_sweep_level() -> None:
     def best(table, planned=None):  # planned: how many root-free defenses the point is to have
         free = [t for t in table if not t.get("server_data") and t["worst_acc"] is not None]
         if planned and 0 < len(free) < planned:  # the highest of some is no pick: the rest may stand above it
-            return None, f"{len(free)} of {planned} finished", None
+            return None, f"{len(free)} of {planned} finished", False
         e = max(free, key=lambda t: t["worst_acc"], default=None)
         if e is None:
-            return None, "-", None
+            return None, "-", False
         est = Estimate(e["seeds"], e["worst_acc"], e["ci_low"], e["ci_high"], e.get("worst_std"))
-        return (e["worst_acc"], f"{interval_cell(est)}, {e['defense']}" + (f", lr {e['lr']:g}" if "lr" in e else ""),
-                e["ci_low"])
+        holds = e["ci_low"] is not None and e["ci_low"] <= chance <= e["ci_high"]
+        return e["worst_acc"], f"{interval_cell(est)}, {e['defense']}" + (f", lr {e['lr']:g}" if "lr" in e else ""), holds
 
     on_board = defaultdict(list)
     for r in board(board_runs()).rows:
@@ -559,12 +559,13 @@ def f_sweep_level() -> None:
           f"tuned lr, finished points only):\n")
     print(f"| protocol | the board, gamma = 0 | the curves, gamma = 0 | the curves, gamma = {held:g} |")
     print("|---|---|---|---|")
-    low, lifted = [], []
+    low, lifted, board_best = [], [], {}
     for norm in values["norm"]:
-        board_acc, board_text, board_low = best(on_board.get(norm, []))
+        board_acc, board_text, holds_chance = best(on_board.get(norm, []))
+        board_best[norm] = board_acc
         if board_acc is not None and board_acc - chance < NEAR_CHANCE:
             low.append(f"{norm_words(norm)}'s best stands {100 * (board_acc - chance):.1f} points above chance"
-                       + (" (its interval holding chance)" if board_low is not None and board_low <= chance else ""))
+                       + (" (its interval holding chance)" if holds_chance else ""))
             if (tuned_acc := on_curve(norm, 0.0)[0]) is not None and tuned_acc - chance >= NEAR_CHANCE:
                 lifted.append((norm_words(norm), tuned_acc))
         print(f"| {norm_words(norm)} | {board_text} | {on_curve(norm, 0.0)[1]} | {on_curve(norm, held)[1]} |")
@@ -600,16 +601,18 @@ def f_sweep_level() -> None:
                                                        if apart[norm] else "at no f") for norm, _ in near)
         lower = [f"{norm_words(norm)} ({100 * acc:.1f} against {100 * zero:.1f})" for norm, acc in near
                  if (zero := on_curve(norm, 0.0)[0]) is not None and acc <= zero]
-        # near chance at gamma = 0 too: the board's room was lost to the tuned lr and the searches, not to the level
-        flat = [f"{norm_words(norm)} {100 * zero:.1f}" for norm, _ in near
-                if (zero := on_curve(norm, 0.0)[0]) is not None and zero - chance < NEAR_CHANCE]
+        # near chance at gamma = 0 too, where the board stood higher: the tuned lr and the searches lost that
+        # room, not the level
+        flat = [f"{norm_words(norm)} {100 * zero:.1f} against the board's {100 * board_best[norm]:.1f}"
+                for norm, _ in near if (zero := on_curve(norm, 0.0)[0]) is not None and zero - chance < NEAR_CHANCE
+                and board_best.get(norm) is not None and board_best[norm] - chance >= NEAR_CHANCE]
         print(f"\nMeasured on the curves (each defense at its tuned lr, the searches' attacks included): at gamma = "
               f"{held:g}, f = {f}, " + " and ".join(f"{norm_words(norm)}'s best stands {100 * (acc - chance):.1f} "
                                                    f"points above chance" for norm, acc in near)
               + (f", no higher than at gamma = 0: {', '.join(lower)}" if lower else "")
-              + (f". At gamma = 0 the curves stand within {100 * NEAR_CHANCE:.0f} points of chance too "
-                 f"({', '.join(flat)}): the room the board shows at gamma = 0 (lr {lr:g}) is on neither level of "
-                 f"the curves, so it was not the level that lost it" if len(flat) == len(near) else "")
+              + (f". At gamma = 0 the curves stand within {100 * NEAR_CHANCE:.0f} points of chance too, where the "
+                 f"board (lr {lr:g}) stands higher ({', '.join(flat)}): that room is on neither level of the "
+                 f"curves, so it was not the level that lost it" if flat else "")
               + f". Along f, the map's root-free pick stands above chance: {where}. "
               + (f"At gamma = {roomy[0]:g} {' and '.join(norm_words(n) for n, _ in near)} "
                  f"{'stands' if len(near) == 1 else 'stand'} {100 * NEAR_CHANCE:.0f} points or more above "
@@ -763,7 +766,8 @@ def robustness_map() -> None:
     print(f"![which defense to use where](img/robustness_map.png) <!-- data {digest} -->\n")
     if any(state == NOT_TRIED for state in notes.values()):
         print(f"A pick \"searched ({PARTLY})\" has its own search confirmed, but not yet tried the attacks confirmed "
-              f"against the same defense at its other points (listed below): they can still lower it.\n")
+              f"against the same defense at its other points, the board's included (listed below): they can still "
+              f"lower it.\n")
     if any(state == NOT_SEARCHED for state in notes.values()):
         print("A pick \"not searched yet\" stands on the catalogue's attacks only: its search (listed below) can "
               "still lower it and change the cell, or which protocol stands highest.\n")
@@ -1020,21 +1024,29 @@ def given_attacks(confirmed: set[str]) -> dict[tuple, list[str]]:
 
 
 def board_confirmations() -> dict[tuple, list[str]]:
-    """The board's confirmed searches (gamma = 0, the matrix's lr) by (norm, defense): the same
-    defense at another point, so a curve search tries their attacks too, those in its search
-    space (the board's searches ran the same spaces; a few of their files ran others)."""
+    """The board's confirmed searches by (norm, defense), of the defenses the curves run: the
+    same defense at another point, so a curve search tries their attacks too, those in its
+    search space (the board's searches ran the same spaces; a few of their files ran others)."""
+    files = tuple((f, (ROOT / f).stat().st_mtime_ns) for f in board_files() if Path(f).name.startswith(SEARCHED_PREFIX))
+    on = {}  # a tuned file of each defense: the search's --on, whose setting the attack is checked in
+    for (norm, defense, *_), path in sorted(tuned_points().items(), key=lambda kv: kv[1]):
+        on.setdefault((norm, defense), path)
+    return _board_confirmations(ROOT, files, tuple(sorted(on.items())))
+
+
+@cache
+def _board_confirmations(root: Path, files: tuple, on: tuple) -> dict[tuple, list[str]]:
     from robustbn.matrix import MatrixError
     from robustbn.search import SearchError, given_point, load
 
-    out = defaultdict(list)
-    with chdir(ROOT):
-        for f in board_files():
-            if not Path(f).name.startswith(SEARCHED_PREFIX):
-                continue
+    out, on = defaultdict(list), dict(on)
+    with chdir(root):
+        for f, _ in files:
             (norm, defense, *_), _ = point_of_file(f)
+            if (norm, defense) not in on:
+                continue
             try:
-                space_file = _search_space(norm, defense)
-                given_point(f, *load(space_file, [], on=None, sampler_seed=None))
+                given_point(f, *load(_search_space(norm, defense), [], on=on[(norm, defense)], sampler_seed=None))
             except (SearchError, MatrixError, SystemExit):  # outside the space, or no space: the search says so
                 continue
             out[(norm, defense)].append(f)
@@ -1118,8 +1130,8 @@ def tried_in(confirm: str, other: str) -> bool:
 def curve_searches() -> None:
     """Where a search could change the map or the protocol verdict (`search_candidates`): each
     such pick above chance is searched at its tuned lr and the attack found is confirmed on
-    seeds 0-4 (a tied pick at chance has nothing left to lose; one whose confirmation brought it
-    there stays listed). A confirmation can change the pick; the next run of this section then
+    seeds 0-4 (a tied pick at chance has nothing left to lose; one whose search is complete, its
+    own and every try, stays listed). A confirmation can change the pick; the next run of this section then
     lists the new pick's search."""
     from robustbn.labels import compact_defense, norm_words
 
@@ -1302,9 +1314,10 @@ def tuning_at_board_point() -> None:
     print(f"The table above reads the tuning seeds and the catalogue only. On the reported seeds, with the searches, "
           f"one point can say what tuning did: gamma = 0, f = {f}, where the board ran each defense at the matrix's lr "
           f"({lr:g}) and the curves at its tuned lr. Each worst case is over the attacks its own side ran (the "
-          f"catalogue, and the searches confirmed at that lr): a search confirmed on one side was not run on the "
-          f"other, so a difference is the lr's and the attacks' together. ByzFL's rule over every attack would run "
-          f"each side's searched attacks at the other's lr too (not run). Difference: tuned - lr {lr:g}, paired over "
+          f"catalogue, and the searches confirmed at that lr): a search confirmed on one side need not have run on "
+          f"the other (a curve search tries the board's attack on its tuning seeds, and runs it on seeds 0-4 only "
+          f"where it is the worst there), so a difference is the lr's and the attacks' together. ByzFL's rule over "
+          f"every attack would run each side's searched attacks at the other's lr, on seeds 0-4 (not run). Difference: tuned - lr {lr:g}, paired over "
           f"seeds 0-4; \"both at or below chance\" where neither stands a point above it.\n")
     if not pairs:
         print(f"No defense has finished at gamma = 0, f = {f} on both the board and the curves yet.\n")

@@ -205,7 +205,7 @@ def leaderboard(rows: list[dict[str, Any]], gamma: float = 0.0) -> Board:
 
 
 def pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.1f}"
+    return "-" if v is None else f"{100 * v:.1f}" if round(100 * v, 1) != 0 else "0.0"  # "-0.0" is a rounding
 
 
 def ci(low: float | None, high: float | None, n: int | None) -> str:

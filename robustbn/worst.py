@@ -335,8 +335,8 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tune
     no_attack_acc, no_attack_low, no_attack_high, no_attack_seeds; in a tied set also gap,
     gap_low, gap_high, gap_pairs: the highest - it, paired), defenses (how
     many ran there) and runner_up (where one defense is best, or a set tied for best, and another
-    ran below: the closest other, as a pick, with its gap, best - it, and the gap's interval and
-    pairs; else None). `tuned` (as `worst_case`): each pick carries its values of them.
+    ran below every pick: the closest other, as a pick, with its gap, best - it, and the gap's
+    interval and pairs; else None). `tuned` (as `worst_case`): each pick carries its values of them.
     `expected(norm, threat, x value, y value)`: how many defenses the cell is to have; where
     fewer have run, the cell picks none ("k of m defenses run, no pick yet")."""
     tuned = tuple(tuned)
@@ -363,6 +363,8 @@ def defense_map(rows: list[dict[str, Any]], x: str = "gamma", y: str = "f", tune
         # the picks' margin: the closest defense outside them, its gap (the first - it) paired over seeds
         rest = [t for t in ts if t not in picks and t["gap"] is not None]
         close = min(rest, key=lambda t: t["gap"], default=None) if verdict in (BEST, TIED) else None
+        if close and close["worst_acc"] >= min(t["worst_acc"] for t in picks):
+            close = None  # told apart from the first on tighter seeds than a wide tied pick: not below the set
         shown = lambda t: {**{k: t[k] for k in ("defense", "worst_acc", "ci_low", "ci_high", "seeds", "worst_attack",
                                                 "worst_by_seed", "no_attack_acc", "no_attack_low", "no_attack_high",
                                                 "no_attack_seeds")},

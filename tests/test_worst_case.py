@@ -577,7 +577,7 @@ def test_the_map_names_the_best_or_the_tied_set_per_cell_by_the_paired_rule(tmp_
     nxt = cells[("fbn", 3, 0.0)]["runner_up"]
     gaps = [(0.50 + noise[(s + 2) % 5]) - (0.10 + noise[s]) for s in range(5)]
     assert nxt["defense"] == MEAN_DEFENSE and nxt["gap_pairs"] == 5 and nxt["gap"] == pytest.approx(statistics.fmean(gaps))
-    assert nxt["gap_low"] > 0 and cells[("fbn", 3, 1.0)]["runner_up"] is None  # tied: no margin to give
+    assert nxt["gap_low"] > 0 and cells[("fbn", 3, 1.0)]["runner_up"] is None  # both tied: none outside the set
 
     fig = figure(rows, "map", x="gamma", y="f")
     fbn = next(a for a in fig.axes if a.get_title() == "FBN, root-free")
@@ -921,3 +921,24 @@ def test_a_tied_set_carries_its_margin_over_the_closest_defense_below_it(tmp_pat
     gaps = [first["worst_by_seed"][s] - nxt["worst_by_seed"][s] for s in range(5)]
     assert "median" in nxt["defense"] and nxt["gap_pairs"] == 5 and nxt["gap_low"] > 0
     assert nxt["gap"] == pytest.approx(statistics.fmean(gaps))
+
+
+def test_a_defense_told_apart_from_the_first_but_above_a_tied_pick_is_no_next_row(tmp_path):
+    """A tied pick with widely spread seeds (tied with the first on a wide interval) can stand
+    below a defense that tight seeds tell apart from the first: that defense is not below the
+    set, so the cell names no runner_up rather than a "next, lower" that stands higher."""
+    from robustbn.worst import TIED, defense_map
+
+    accs = {"nnm+median": [0.50] * 5, "mean": [0.30, 0.60, 0.35, 0.55, 0.45],
+            "median": [0.47, 0.47, 0.471, 0.469, 0.47]}
+    three = {**DEFENSES, "median": dict(bn_agg="median")}
+    with Store(tmp_path / "t.sqlite") as store:
+        for defense, by_seed in accs.items():
+            for seed, acc in enumerate(by_seed):
+                add(store, acc, norm="fbn", f=3, gamma=0.0, seed=seed, **three[defense], **ATTACKS["sf-mean"])
+        rows = store.rows()
+    (cell,) = defense_map(rows, "gamma", "f")
+    assert cell["verdict"] == TIED and len(cell["picks"]) == 2
+    assert all(" median (BN)" not in p["defense"] for p in cell["picks"])  # told apart from the first
+    assert min(p["worst_acc"] for p in cell["picks"]) == pytest.approx(0.45)
+    assert cell["runner_up"] is None
