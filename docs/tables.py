@@ -862,19 +862,23 @@ def protocol_tables(cells: list[dict], chance: float, planned: dict[bool, list[s
         print()
 
 
+def curve_points(runs: list[dict]) -> list[dict]:
+    """Every finished point of the curves of `runs` (robustness_lines' rows, each at its tuned lr)."""
+    from robustbn.plots import robustness_lines
+
+    return [t for lines in robustness_lines(runs, "gamma", TUNED).values() for pts in lines.values() for t in pts
+            if t["worst_acc"] is not None]
+
+
 def same_defense(runs: list[dict], planned: list[str]) -> None:
     """The protocols under the same defense at each point, each at its own tuned lr, paired with
     FBN (seed 002's comparison: FBN against the others, one aggregation rule for all): no
     defense chosen on the seeds compared, so no selection leans either way."""
     from robustbn.labels import compact_defense, norm_words
-    from robustbn.plots import robustness_lines
 
     by_point: dict[tuple, dict[str, dict]] = defaultdict(dict)
-    for norm, lines in robustness_lines(runs, "gamma", TUNED).items():
-        for pts in lines.values():
-            for t in pts:
-                if t["worst_acc"] is not None:
-                    by_point[(t["defense"], t.get("server_data"), t["gamma"], t["f"])][norm] = t
+    for t in curve_points(runs):
+        by_point[(t["defense"], t.get("server_data"), t["gamma"], t["f"])][t["norm"]] = t
     if not planned:
         return
     from robustbn.stats import chance as chance_of
@@ -1217,7 +1221,9 @@ def confirmed_points() -> dict[tuple, dict]:
 def _gain(d: float) -> str:
     """A difference in points, "+0.0" where it rounds to zero (tuning's choice is the max, so
     at its own lr a defense never loses: "-0.0" is a rounding of float32 means)."""
-    return f"{100 * d:+.1f}" if round(100 * d, 1) != 0 else "+0.0"
+    from robustbn.stats import number
+
+    return number(d, 1, 100, sign=True)
 
 
 def _tuning_gain(chosen: dict, base: dict) -> str:
@@ -1298,16 +1304,14 @@ def tuning_at_board_point() -> None:
     board's runs) against its tuned lr (the curves' runs), paired over seeds 0-4."""
     from robustbn.labels import compact_defense, norm_order, norm_words
     from robustbn.matrix import read
-    from robustbn.plots import robustness_lines
     from robustbn.stats import chance as chance_of
 
     values = read(ROOT / ROBUSTNESS_MATRIX)
     lr, f = values["lr"], SWEEPS["gamma"][1]
     at_point = lambda runs: [r for r in runs if float(r["gamma"]) == 0.0 and r["f"] == f]
     curve, board = at_point(curve_runs("gamma")), at_point(board_runs())
-    points = lambda runs: {(t["norm"], t["defense"], t.get("server_data")): t for mine in
-                           robustness_lines(runs, "gamma", TUNED).values() for pts in mine.values() for t in pts
-                           if t["worst_acc"] is not None} if runs else {}
+    points = lambda runs: {(t["norm"], t["defense"], t.get("server_data")): t for t in curve_points(runs)} \
+        if runs else {}
     tuned, untuned = points(curve), points(board)
     pairs = sorted(((k, untuned[k], t) for k, t in tuned.items() if k in untuned),
                    key=lambda kv: (norm_order(kv[0][0]), kv[0][2] or "", kv[0][1] != "mean", kv[0][1]))

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable
 from .channels import NOT_ATTACKS
 from .labels import (CHANNEL_WORDS, attack_short, attack_words, channels, compact_defense, hashable, is_attack,
                      norm_order, norm_words, text)
-from .stats import CLIPPED_PERCENT_WORDS, DIVERGED_WORDS, MIN_PAIRS, PAIRED_WORDS, accuracy, too_few
+from .stats import CLIPPED_PERCENT_WORDS, DIVERGED_WORDS, MIN_PAIRS, PAIRED_WORDS, accuracy, number, too_few
 from .stats import chance as chance_of
 from .worst import (BEST, DEFENSE_FIELDS, SEARCHED, SEARCHED_PREFIX, TIED, WORSE, SettingsDiffer, matrix_rows,
                     protocol_map, setting_groups, worst_case)
@@ -205,7 +205,7 @@ def leaderboard(rows: list[dict[str, Any]], gamma: float = 0.0) -> Board:
 
 
 def pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.1f}" if round(100 * v, 1) != 0 else "0.0"  # "-0.0" is a rounding
+    return "-" if v is None else number(v, 1, 100)
 
 
 def ci(low: float | None, high: float | None, n: int | None) -> str:

@@ -70,9 +70,15 @@ def ci_text(low: float | None, high: float | None, n: int | None, scale: float =
         return ""
     if low is None or high is None:
         return f"{n} {unit}{'s' * (n != 1)}, no interval"
-    end = lambda v: f"{scale * v:.{digits}f}".replace("-", "") if round(scale * v, digits) == 0 else \
-        f"{scale * v:.{digits}f}"  # "-0.0" is a rounding, not a sign
-    return f"[{end(low)}, {end(high)}]"
+    return f"[{number(low, digits, scale)}, {number(high, digits, scale)}]"
+
+
+def number(v: float, digits: int = 1, scale: float = 1.0, sign: bool = False) -> str:
+    """`scale * v` to `digits` places ("+" before it with `sign`); one that rounds to zero reads
+    0, unsigned or "+": "-0.0" is a rounding of float32 means, not a sign."""
+    x = scale * v
+    x = 0.0 if round(x, digits) == 0 else x
+    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
 
 
 def half_width(std: Any, n: Any) -> Any:
