@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 40's robustness curves on a CPU machine: two background lanes (a process each, one core
 # each) that run what is left, and rerun it as it changes: the tuning (lane 1 an hour at a time,
-# lane 2 30 minutes), then the curve searches that the live store lists as left
+# lane 2 30 minutes), then the board's searches' tries of the curves' attacks
+# (docs/tables.board_try_rows), then the curve searches that the live store lists as left
 # (docs/tables.curve_search_rows, half each), then the reporting runs of the tuned files whose lr
 # is settled (lane 2; both lanes once the tuning has settled every choice), a few cells at a
 # time. Every run lands in the store, so any stop loses at most the runs in flight
@@ -34,6 +35,9 @@ tune = (f"robustbn tune {tables.ROBUSTNESS_MATRIX} {tables.GRID_OPTION} --db res
         f"--out {tables.TUNED_DIR} --first 'norm=[fbn,naive]' --quiet")
 # the tuning first: a search or a reporting run at a point whose lr then moves is spent for nothing
 print(f"timeout -s TERM {3600 if lane == 1 else 1800} {tune}")
+# the board's searches try the curves' confirmed attacks: few runs, and they can turn a board verdict
+for line in tables.board_try_rows()[1][lane - 1::2]:
+    print(line)
 for line in tables.curve_search_rows()[1][lane - 1::2]:
     print(line)
 unsettled = tables.unsettled_points()

@@ -1013,18 +1013,85 @@ def curve_search_rows() -> tuple[tuple, tuple]:
 
 def given_attacks(confirmed: set[str]) -> dict[tuple, list[str]]:
     """The confirmation files a search of each (norm, defense) tries (--try), one per attack: the
-    `confirmed` ones (current, finished), then those confirmed at an lr the point no longer runs
-    or kept when a later search replaced them, whose runs have all finished."""
-    current = set(current_confirmations())
-    out: dict[tuple, dict[str, str]] = defaultdict(dict)  # (norm, defense) -> {attack: file}
-    for f in sorted(confirmed) + sorted(set(curve_confirmations()) - current):
-        if f in confirmed or all_finished(f):
-            (norm, defense, *_), _ = point_of_file(f)
-            out[(norm, defense)].setdefault(attack_of(f), f)
+    curves' (`curve_attacks`), then those of the same defense's board search."""
+    out = curve_attacks(confirmed)
     for (norm, defense), files in board_confirmations().items():  # the same defense's board point
         for f in files:
             out[(norm, defense)].setdefault(attack_of(f), f)
     return {k: sorted(v.values()) for k, v in out.items()}
+
+
+def curve_attacks(confirmed: set[str] | None = None) -> defaultdict[tuple, dict[str, str]]:
+    """The curves' confirmation files by (norm, defense), by the attack each holds: the `confirmed`
+    ones (current, finished; by default every such), then those confirmed at an lr the point no
+    longer runs or kept when a later search replaced them, whose runs have all finished."""
+    current = set(current_confirmations())
+    if confirmed is None:
+        confirmed = {f for f in current if all_finished(f)}
+    out: defaultdict[tuple, dict[str, str]] = defaultdict(dict)
+    for f in sorted(confirmed) + sorted(set(curve_confirmations()) - current):
+        if f in confirmed or all_finished(f):
+            (norm, defense, *_), _ = point_of_file(f)
+            out[(norm, defense)].setdefault(attack_of(f), f)
+    return out
+
+
+def board_searches() -> dict[tuple, tuple[str, str]]:
+    """The board's searches on seeds 10 and 11 that have confirmed an attack, by (norm, defense):
+    (search file, its confirmation file)."""
+    from robustbn.matrix import read
+
+    out = {}
+    for p in sorted((ROOT / "scenarios").glob("search_*.toml")):
+        confirm = p.with_name(SEARCHED_PREFIX + p.name.removeprefix("search_"))
+        if read(p).get("search", {}).get("seeds") == [10, 11] and confirm.is_file():
+            (norm, defense, *_), _ = point_of_file(str(confirm.relative_to(ROOT)))
+            out.setdefault((norm, defense), (str(p.relative_to(ROOT)), str(confirm.relative_to(ROOT))))
+    return out
+
+
+def board_try_rows() -> tuple[tuple, tuple]:
+    """(rows, left): each board search of a defense the curves searched too, as (norm, defense,
+    search file, the curves' attacks in its space, those it has not tried), and the commands that
+    try them (--try): the board's worst case is the worst of every attack tried against the same
+    defense, whichever search found it. The search replays its trials from the store, runs the
+    new ones on seeds 10 and 11, and confirms its worst on seeds 0-4 (an attack it replaces is
+    kept beside it: robustbn.evaluate.keep_earlier_confirmation)."""
+    searches, curves = board_searches(), curve_attacks()
+    rows, left = [], []
+    for (norm, defense), (search, confirm) in sorted(searches.items()):
+        files = tuple(sorted(curves.get((norm, defense), {}).values()))
+        if not files:
+            continue
+        mtimes = lambda fs: tuple((f, (ROOT / f).stat().st_mtime_ns) for f in fs)
+        offered = _in_space(ROOT, mtimes((search,))[0], mtimes(files))
+        untried = [f for f in offered if not tried_in(confirm, f)]
+        rows.append((norm, defense, search, offered, untried))
+        if untried:
+            report = f"docs/{Path(search).stem}.json"
+            left.append(f"robustbn attack-search {search}{''.join(f' --try {f}' for f in untried)} "
+                        f"--db results/board.sqlite --quiet --format json --confirm {confirm} > {report}.tmp && "
+                        f"mv {report}.tmp {report} && robustbn run {confirm} --db results/board.sqlite --quiet --yes")
+    return tuple(rows), tuple(left)
+
+
+@cache
+def _in_space(root: Path, search: tuple, files: tuple) -> tuple[str, ...]:
+    """The files whose attack a search's space holds (`--try` takes them; the others it refuses);
+    each file with its mtime, so that a changed one is read again."""
+    from robustbn.matrix import MatrixError
+    from robustbn.search import SearchError, given_point, load
+
+    out = []
+    with chdir(root):
+        values, space = load(search[0], [], on=None, sampler_seed=None)
+        for f, _ in files:
+            try:
+                given_point(f, values, space)
+            except (SearchError, MatrixError):
+                continue
+            out.append(f)
+    return tuple(out)
 
 
 def board_confirmations() -> dict[tuple, list[str]]:
@@ -1182,11 +1249,13 @@ def curve_searches() -> None:
         for (norm, defense, gamma, f), t in elsewhere:
             print(f"| {norm_words(norm)} | {gamma:g} | {f} | {compact_defense(defense)} (lr {t['lr']:g}) | {estimate_cell(t)} | "
                   f"{t['worst_attack']} |")
-    if left:
-        print("\nThe searches left, each with its confirmation:\n")
-        print("```")
-        print("\n".join(left))
-        print("```")
+    command_block("The searches left, each with its confirmation:", left)
+
+
+def command_block(title: str, commands) -> None:
+    """The commands left, as a code block under its title (nothing where none is left)."""
+    if commands:
+        print(f"\n{title}\n\n```\n" + "\n".join(commands) + "\n```")
 
 
 def gap_cell(t: dict) -> str:
@@ -1319,8 +1388,8 @@ def tuning_at_board_point() -> None:
           f"one point can say what tuning did: gamma = 0, f = {f}, where the board ran each defense at the matrix's lr "
           f"({lr:g}) and the curves at its tuned lr. Each worst case is over the attacks its own side ran (the "
           f"catalogue, and the searches confirmed at that lr): a search confirmed on one side need not have run on "
-          f"the other (a curve search tries the board's attack on its tuning seeds, and runs it on seeds 0-4 only "
-          f"where it is the worst there), so a difference is the lr's and the attacks' together. ByzFL's rule over "
+          f"the other (each side's search tries the other's confirmed attacks on its own search seeds, and runs one "
+          f"on seeds 0-4 only where it is the worst there), so a difference is the lr's and the attacks' together. ByzFL's rule over "
           f"every attack would run each side's searched attacks at the other's lr, on seeds 0-4 (not run). Difference: tuned - lr {lr:g}, paired over "
           f"seeds 0-4; \"both at or below chance\" where neither stands a point above it.\n")
     if not pairs:
@@ -1437,6 +1506,30 @@ def search_coverage() -> None:
           + (f"; not searched: {'; '.join(missing)}" if missing else "")
           + f". Of the other rows, {sum(searched(r) for r in rows if r not in picked)} of "
           f"{len(rows) - len(picked)} were searched.")
+
+
+def board_tries() -> None:
+    """Whether the board's searches have tried the attacks the curves' searches confirmed against
+    the same defense (`board_try_rows`), and the commands left."""
+    from robustbn.labels import compact_defense, norm_words
+
+    rows, left = board_try_rows()
+    done = sum(not untried for *_, untried in rows)
+    print("A search at the curves' points (the robustness curves below) can find an attack that the board's search "
+          "of the same defense did not: the board's search then tries it too (`--try`, at the board's setting, on "
+          "its own seeds 10 and 11), and confirms its worst on seeds 0-4, keeping the attack it confirmed before "
+          "(`searched_worst_*_earlier_*.toml`): a cell's worst case is the worst of every attack tried against its "
+          "defense, whichever search found it. "
+          + (f"Of the {len(rows)} board searches of a defense the curves searched too, {done} have tried every "
+             f"such attack in their space, {len(rows) - done} not yet." if rows else
+             "No defense of the board has a confirmed curve search yet."))
+    if rows:
+        print("\n| protocol | defense | the curves' attacks in its space | tried by the board's search |")
+        print("|---|---|---|---|")
+        for norm, defense, search, offered, untried in rows:
+            print(f"| {norm_words(norm)} | {compact_defense(defense)} | {len(offered)} | "
+                  f"{len(offered) - len(untried)} |")
+    command_block("The tries left, each with its confirmation:", left)
 
 
 def judged(t: dict, table: list[dict]) -> bool:

@@ -409,7 +409,8 @@ def keep_earlier_confirmation(path: Path, new_values: dict[str, Any]) -> Path | 
         before, after = expand(old, str(path)), expand(new_values, str(path))
     except MatrixError:
         return None
-    if not str(old.get("description", "")).startswith("The worst attack that robustbn attack-search"):
+    # the board's first confirmations were written by hand, the command in backticks
+    if not str(old.get("description", "")).replace("`", "").startswith("The worst attack that robustbn attack-search"):
         return None
     attacks = lambda scs: {scenario_hash({k: v for k, v in sc.to_dict().items() if k in ATTACK_KEYS}) for sc in scs}
     settings = lambda scs: {scenario_hash({k: v for k, v in sc.to_dict().items()

@@ -541,6 +541,24 @@ def test_a_confirmation_rewritten_with_another_attack_keeps_the_earlier_one(tmp_
     assert keep_earlier_confirmation(tmp_path / "missing.toml", read(confirm)) is None
 
 
+def test_a_hand_written_board_confirmation_is_kept_too(tmp_path, capsys):
+    """The board's first confirmations were written by hand ("The worst attack that `robustbn
+    attack-search ...` found"): a search that --try's another attack and confirms it there keeps
+    them as well, or their runs would drop out of the board's worst case."""
+    from robustbn.evaluate import toml_text
+    from robustbn.matrix import read
+
+    db, confirm = tmp_path / "s.sqlite", tmp_path / "searched_worst_x.toml"
+    one = lambda attack: BASE + f'[search]\ntrials = 1\nseed = 0\n[search.grad]\nattacks = ["{attack}"]\n'
+    search(capsys, write(tmp_path, one("sf"), "a.toml"), db, "--confirm", str(confirm))
+    by_hand = {**read(confirm), "description": "The worst attack that `robustbn attack-search a.toml` found"}
+    confirm.write_text(toml_text(by_hand), encoding="utf-8")
+    assert main(["attack-search", str(write(tmp_path, one("ipm"), "b.toml")), "--db", str(db), "--quiet",
+                 "--confirm", str(confirm)]) == 0
+    kept = tmp_path / "searched_worst_x_earlier_1.toml"
+    assert read(kept)["grad_attack"] == "sf" and read(confirm)["grad_attack"] == "ipm"
+
+
 def test_a_search_run_on_another_device_resumes_here_and_its_confirmation_is_device_free(tmp_path, capsys, counted):
     """A search whose runs a GPU made (their hashes the GPU's) is read back on this machine:
     nothing runs again, the same outcome. --device reaches the runs, not the confirmation file

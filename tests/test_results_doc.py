@@ -1015,3 +1015,57 @@ def test_a_curve_search_tries_the_boards_confirmed_attacks_on_the_same_defense(t
     monkeypatch.setattr(tables, "all_finished", lambda path: True)
     monkeypatch.setattr(tables, "own_seed_runs", lambda path: [r for r in runs if r["bn_agg"] == "nnm+median"])
     assert not [c for c in tables.curve_search_rows()[1] if "nnm_median" in c.split(" --on ")[1].split()[0]]
+
+
+def test_the_boards_search_tries_the_curves_confirmed_attacks_on_the_same_defense(tmp_path, monkeypatch, capsys):
+    """The other way round: an attack confirmed at a curve point (another lr, another gamma) is
+    tried by the board's search of the same defense (--try, at the board's setting), those its
+    space holds; the command writes the search's report by a temporary file and reruns the
+    confirmation. Once the board's confirmation names the attack, nothing is left."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import shutil
+
+    import tables
+    from test_worst_case import ATTACKS, BASE, DEFENSES
+
+    from robustbn.evaluate import toml_text
+
+    tuned_dir = tmp_path / tables.TUNED_DIR
+    tuned_dir.mkdir(parents=True)
+    shutil.copy(ROOT / "scenarios" / "search_fbn_nnm_trmean_heldout.toml",
+                tmp_path / "scenarios" / "search_fbn_nnm_median.toml")
+    board = {**BASE, "norm": "fbn", "f": 3, "gamma": 0.0, "lr": 0.05, "seed": list(range(5))}
+    board_confirm = "scenarios/searched_worst_fbn_nnm_median.toml"
+    (tmp_path / board_confirm).write_text(toml_text({**board, **DEFENSES["nnm+median"], **ATTACKS["sf-mean"],
+                                                     "description": "The worst attack that robustbn attack-search"}))
+    curve = {**BASE, "norm": "fbn", "f": 3, "gamma": 1.0, "lr": 0.01, "seed": list(range(5))}
+    for defense in DEFENSES:
+        name = f"fbn_{defense.replace('+', '_')}_gamma_1.toml"
+        (tuned_dir / f"tuned_{name}").write_text(toml_text({**curve, **DEFENSES[defense]}))
+    ipm = {"grad_attack": "ipm", "grad_attack_params": {"eps": 0.5}}
+    files = {"searched_worst_fbn_nnm_median_gamma_1.toml": {**DEFENSES["nnm+median"], **ipm},
+             "searched_worst_fbn_nnm_median_gamma_1_earlier_1.toml": {**DEFENSES["nnm+median"], "grad_attack": "foe"},
+             "searched_worst_fbn_mean_gamma_1.toml": {**DEFENSES["mean"], "grad_attack": "alie"}}
+    for name, fields in files.items():
+        (tuned_dir / name).write_text(toml_text({**curve, **fields}))
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    monkeypatch.setattr(tables, "all_finished", lambda path: True)
+
+    rows, (command,) = tables.board_try_rows()
+    tried = f"{tables.TUNED_DIR}/searched_worst_fbn_nnm_median_gamma_1.toml"
+    assert [(row[0], row[2], row[3], row[4]) for row in rows] == \
+        [("fbn", "scenarios/search_fbn_nnm_median.toml", (tried,), [tried])]  # FOE is outside the space
+    assert command.startswith("robustbn attack-search scenarios/search_fbn_nnm_median.toml --try ")
+    assert command.count("--try") == 1 and f"--try {tried} " in command
+    assert (f"--confirm {board_confirm} > docs/search_fbn_nnm_median.json.tmp && mv docs/search_fbn_nnm_median.json.tmp "
+            f"docs/search_fbn_nnm_median.json && robustbn run {board_confirm} ") in command
+    tables.board_tries()
+    assert "Of the 1 board searches of a defense the curves searched too, 0 have tried" in capsys.readouterr().out
+    words = tables.attack_of(tried)
+    (tmp_path / board_confirm).write_text(toml_text({**board, **DEFENSES["nnm+median"], **ATTACKS["sf-mean"],
+                                                     "description": f"...; it tried too x.toml ({words})"}))
+    assert tables.board_try_rows()[1] == ()
+    tables.board_tries()
+    out = capsys.readouterr().out
+    assert "1 have tried every such attack in their space, 0 not yet" in out and "robustbn attack-search" not in out
