@@ -349,10 +349,23 @@ def curve_confirmations() -> tuple[str, ...]:
 def all_finished(path: str) -> bool:
     """Whether every run of a file has finished (a tuned file half run has a worst case over
     some of its attacks only: the curves wait for the rest)."""
+    done = {r["hash"] for r in own_seed_runs(path)}
+    return all(not done.isdisjoint(hashes) for hashes in planned_run_hashes(path))
+
+
+_RUN_HASHES: dict[str, tuple] = {}  # path -> (its planned scenarios, their hashes on every device)
+
+
+def planned_run_hashes(path: str) -> tuple[list[str], ...]:
+    """Each planned run's hashes on every device (robustbn.store.same_run_hashes), hashed once per
+    `planned_scenarios` answer: the curves ask for every file's many times over."""
     from robustbn.store import same_run_hashes
 
-    done = {r["hash"] for r in own_seed_runs(path)}
-    return all(not done.isdisjoint(same_run_hashes(sc)) for sc in planned_scenarios(path))
+    scenarios = planned_scenarios(path)
+    kept = _RUN_HASHES.get(path)
+    if kept is None or kept[0] is not scenarios:  # another answer (a test's, a file read again)
+        kept = _RUN_HASHES[path] = (scenarios, tuple(same_run_hashes(sc) for sc in scenarios))
+    return kept[1]
 
 
 def curve_files() -> tuple[str, ...]:
