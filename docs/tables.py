@@ -384,21 +384,23 @@ def curve_runs(x: str | None = None) -> list[dict]:
     return [r for r in runs if float(r[held]) == value]
 
 
-@cache
 def planned_scenarios(path: str) -> tuple[dict, ...]:
-    """A file's runs, each as the scenario dict `robustbn run` hashes."""
+    """A file's runs, each as the scenario dict `robustbn run` hashes (expanded again only once
+    the file changes)."""
+    return _planned_scenarios(ROOT, path, (ROOT / path).stat().st_mtime_ns)
+
+
+@cache
+def _planned_scenarios(root: Path, path: str, mtime_ns: int) -> tuple[dict, ...]:
     from robustbn.matrix import expand, read
 
-    with chdir(ROOT):
+    with chdir(root):
         return tuple(sc.to_dict() for sc in expand(read(path), path))
 
 
-@cache
 def planned_hashes(path: str) -> frozenset[str]:
     """The hashes of a file's runs (on this machine's device, as `robustbn run` stores them)."""
-    from robustbn.store import scenario_hash
-
-    return frozenset(scenario_hash(sc) for sc in planned_scenarios(path))
+    return frozenset(hashes[0] for hashes in planned_run_hashes(path))
 
 
 def runs_planned(path: str, attacked: bool = False) -> int:
@@ -1065,9 +1067,12 @@ def board_searches() -> dict[tuple, tuple[str, str]]:
 
 def board_try_rows() -> tuple[tuple, tuple]:
     """(rows, left): each board search of a defense the curves searched too, as (norm, defense,
-    search file, the curves' attacks in its space, those it has not tried), and the commands that
-    try them (--try): the board's worst case is the worst of every attack tried against the same
-    defense, whichever search found it. The search replays its trials from the store, runs the
+    search file, the curves' attack files, those in its space, those it has not tried), and the
+    commands left: the board's worst case is the worst of every attack tried against the same
+    defense, whichever search found it. A search is listed while an attack in its space is
+    untried or its confirmation has runs left (a chain cut before `robustbn run`). Its command
+    tries (--try) every such attack, tried or not: a confirmation names only the tries of its own
+    command, and the earlier ones replay from the store. The search replays its trials, runs the
     new ones on seeds 10 and 11, and confirms its worst on seeds 0-4 (an attack it replaces is
     kept beside it: robustbn.evaluate.keep_earlier_confirmation)."""
     searches, curves = board_searches(), curve_attacks()
@@ -1079,12 +1084,13 @@ def board_try_rows() -> tuple[tuple, tuple]:
         mtimes = lambda fs: tuple((f, (ROOT / f).stat().st_mtime_ns) for f in fs)
         offered = _in_space(ROOT, mtimes((search,))[0], mtimes(files))
         untried = [f for f in offered if not tried_in(confirm, f)]
-        rows.append((norm, defense, search, offered, untried))
-        if untried:
+        rows.append((norm, defense, search, files, offered, untried))
+        if untried or offered and not all_finished(confirm):
             report = f"docs/{Path(search).stem}.json"
-            left.append(f"robustbn attack-search {search}{''.join(f' --try {f}' for f in untried)} "
-                        f"--db results/board.sqlite --quiet --format json --confirm {confirm} > {report}.tmp && "
-                        f"mv {report}.tmp {report} && robustbn run {confirm} --db results/board.sqlite --quiet --yes")
+            # $$: the shell's own, so that two lanes running the same search do not share a file
+            left.append(f"robustbn attack-search {search}{''.join(f' --try {f}' for f in offered)} "
+                        f"--db results/board.sqlite --quiet --format json --confirm {confirm} > {report}.$$.tmp && "
+                        f"mv {report}.$$.tmp {report} && robustbn run {confirm} --db results/board.sqlite --quiet --yes")
     return tuple(rows), tuple(left)
 
 
@@ -1527,21 +1533,24 @@ def board_tries() -> None:
     from robustbn.labels import compact_defense, norm_words
 
     rows, left = board_try_rows()
-    done = sum(not untried for *_, untried in rows)
+    some = [row for row in rows if row[4]]
+    done = sum(not untried for *_, untried in some)
     print("A search at the curves' points (the robustness curves below) can find an attack that the board's search "
           "of the same defense did not: the board's search then tries it too (`--try`, at the board's setting, on "
-          "its own seeds 10 and 11), and confirms its worst on seeds 0-4, keeping the attack it confirmed before "
-          "(`searched_worst_*_earlier_*.toml`): a cell's worst case is the worst of every attack tried against its "
-          "defense, whichever search found it. "
-          + (f"Of the {len(rows)} board searches of a defense the curves searched too, {done} have tried every "
-             f"such attack in their space, {len(rows) - done} not yet." if rows else
-             "No defense of the board has a confirmed curve search yet."))
+          "its own seeds 10 and 11) and confirms its worst on seeds 0-4; where that worst is another attack, the one "
+          "it confirmed before is kept beside it (`searched_worst_*_earlier_*.toml`): a cell's worst case is the "
+          "worst of every attack tried against its defense, whichever search found it. "
+          + (f"Of the {len(some)} board searches with such an attack in their space, {done} have tried every one, "
+             f"{len(some) - done} not yet" + (f"; {len(rows) - len(some)} more have only attacks outside their space "
+                                              f"(`--try` refuses them)" if len(rows) > len(some) else "") + "."
+             if rows else "No defense of the board has a confirmed curve search yet."))
     if rows:
-        print("\n| protocol | defense | the curves' attacks in its space | tried by the board's search |")
-        print("|---|---|---|---|")
-        for norm, defense, search, offered, untried in rows:
+        print("\n| protocol | defense | the curves' attacks in its space | tried by the board's search | "
+              "outside its space |")
+        print("|---|---|---|---|---|")
+        for norm, defense, search, files, offered, untried in rows:
             print(f"| {norm_words(norm)} | {compact_defense(defense)} | {len(offered)} | "
-                  f"{len(offered) - len(untried)} |")
+                  f"{len(offered) - len(untried)} | {len(files) - len(offered)} |")
     command_block("The tries left, each with its confirmation:", left)
 
 

@@ -292,7 +292,7 @@ def test_curve_searches_list_each_pick_until_its_confirmation_is_counted(tmp_pat
     assert f"--try {confirm}" in command and f"--confirm {confirm}" in command
     (tmp_path / confirm).unlink()
     monkeypatch.setattr(tables, "all_finished", real)
-    tables.planned_scenarios.cache_clear()  # the files above are gone or rewritten below: not their runs
+    tables._planned_scenarios.cache_clear()  # the files above are gone or rewritten below: not their runs
     tables.robustness_map()  # the map says which picks stand on the catalogue's attacks only
     out = capsys.readouterr().out
     assert re.search(r"\| mean \(grad\), nnm\+median \(BN\): 82\.0 \[[\d.]+, [\d.]+\] \(5 seeds; lr 0\.01, "
@@ -1020,8 +1020,10 @@ def test_a_curve_search_tries_the_boards_confirmed_attacks_on_the_same_defense(t
 def test_the_boards_search_tries_the_curves_confirmed_attacks_on_the_same_defense(tmp_path, monkeypatch, capsys):
     """The other way round: an attack confirmed at a curve point (another lr, another gamma) is
     tried by the board's search of the same defense (--try, at the board's setting), those its
-    space holds; the command writes the search's report by a temporary file and reruns the
-    confirmation. Once the board's confirmation names the attack, nothing is left."""
+    space holds; the command writes the search's report by a file of its own and reruns the
+    confirmation. Once the board's confirmation names the attack and its runs have finished,
+    nothing is left; a new curve attack lists the search again with every attack (a confirmation
+    names only its own command's tries), and so does a confirmation whose runs were cut short."""
     sys.path.insert(0, str(ROOT / "docs"))
     sys.path.insert(0, str(ROOT / "tests"))
     import shutil
@@ -1037,12 +1039,16 @@ def test_the_boards_search_tries_the_curves_confirmed_attacks_on_the_same_defens
                 tmp_path / "scenarios" / "search_fbn_nnm_median.toml")
     board = {**BASE, "norm": "fbn", "f": 3, "gamma": 0.0, "lr": 0.05, "seed": list(range(5))}
     board_confirm = "scenarios/searched_worst_fbn_nnm_median.toml"
-    (tmp_path / board_confirm).write_text(toml_text({**board, **DEFENSES["nnm+median"], **ATTACKS["sf-mean"],
-                                                     "description": "The worst attack that robustbn attack-search"}))
+
+    def confirmed(description: str) -> None:
+        (tmp_path / board_confirm).write_text(toml_text({**board, **DEFENSES["nnm+median"], **ATTACKS["sf-mean"],
+                                                         "description": description}))
+    confirmed("The worst attack that robustbn attack-search")
     curve = {**BASE, "norm": "fbn", "f": 3, "gamma": 1.0, "lr": 0.01, "seed": list(range(5))}
     for defense in DEFENSES:
-        name = f"fbn_{defense.replace('+', '_')}_gamma_1.toml"
-        (tuned_dir / f"tuned_{name}").write_text(toml_text({**curve, **DEFENSES[defense]}))
+        for gamma in (1, 0.5):
+            name = f"fbn_{defense.replace('+', '_')}_gamma_{gamma:g}.toml"
+            (tuned_dir / f"tuned_{name}").write_text(toml_text({**curve, "gamma": gamma, **DEFENSES[defense]}))
     ipm = {"grad_attack": "ipm", "grad_attack_params": {"eps": 0.5}}
     files = {"searched_worst_fbn_nnm_median_gamma_1.toml": {**DEFENSES["nnm+median"], **ipm},
              "searched_worst_fbn_nnm_median_gamma_1_earlier_1.toml": {**DEFENSES["nnm+median"], "grad_attack": "foe"},
@@ -1050,22 +1056,37 @@ def test_the_boards_search_tries_the_curves_confirmed_attacks_on_the_same_defens
     for name, fields in files.items():
         (tuned_dir / name).write_text(toml_text({**curve, **fields}))
     monkeypatch.setattr(tables, "ROOT", tmp_path)
-    monkeypatch.setattr(tables, "all_finished", lambda path: True)
+    finished = {board_confirm: True}
+    monkeypatch.setattr(tables, "all_finished", lambda path: finished.get(path, True))
 
     rows, (command,) = tables.board_try_rows()
     tried = f"{tables.TUNED_DIR}/searched_worst_fbn_nnm_median_gamma_1.toml"
-    assert [(row[0], row[2], row[3], row[4]) for row in rows] == \
-        [("fbn", "scenarios/search_fbn_nnm_median.toml", (tried,), [tried])]  # FOE is outside the space
+    foe = f"{tables.TUNED_DIR}/searched_worst_fbn_nnm_median_gamma_1_earlier_1.toml"
+    assert [(row[0], row[2], row[3], row[4], row[5]) for row in rows] == \
+        [("fbn", "scenarios/search_fbn_nnm_median.toml", (tried, foe), (tried,), [tried])]  # FOE: outside the space
     assert command.startswith("robustbn attack-search scenarios/search_fbn_nnm_median.toml --try ")
     assert command.count("--try") == 1 and f"--try {tried} " in command
-    assert (f"--confirm {board_confirm} > docs/search_fbn_nnm_median.json.tmp && mv docs/search_fbn_nnm_median.json.tmp "
+    assert (f"--confirm {board_confirm} > docs/search_fbn_nnm_median.json.$$.tmp && mv docs/search_fbn_nnm_median.json.$$.tmp "
             f"docs/search_fbn_nnm_median.json && robustbn run {board_confirm} ") in command
     tables.board_tries()
-    assert "Of the 1 board searches of a defense the curves searched too, 0 have tried" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Of the 1 board searches with such an attack in their space, 0 have tried every one, 1 not yet." in out
+    assert "| FBN | mean (grad), nnm+median (BN) | 1 | 0 | 1 |" in out  # one in its space, tried by none, FOE outside
     words = tables.attack_of(tried)
-    (tmp_path / board_confirm).write_text(toml_text({**board, **DEFENSES["nnm+median"], **ATTACKS["sf-mean"],
-                                                     "description": f"...; it tried too x.toml ({words})"}))
+    confirmed(f"...; it tried too x.toml ({words})")
     assert tables.board_try_rows()[1] == ()
     tables.board_tries()
     out = capsys.readouterr().out
-    assert "1 have tried every such attack in their space, 0 not yet" in out and "robustbn attack-search" not in out
+    assert "1 have tried every one, 0 not yet" in out and "robustbn attack-search" not in out
+    # its confirmation's runs cut short (a halt between the search and `robustbn run`): listed again
+    finished[board_confirm] = False
+    (command,) = tables.board_try_rows()[1]
+    assert f"--try {tried} " in command and command.endswith(f"robustbn run {board_confirm} --db results/board.sqlite "
+                                                             f"--quiet --yes")
+    finished[board_confirm] = True
+    # a new attack at another point: the search is listed with both, or the first would read untried afterwards
+    other = f"{tables.TUNED_DIR}/searched_worst_fbn_nnm_median_gamma_0.5.toml"
+    (tmp_path / other).write_text(toml_text({**curve, "gamma": 0.5, **DEFENSES["nnm+median"], "grad_attack": "ipm",
+                                               "grad_attack_params": {"eps": 2.0}}))
+    (command,) = tables.board_try_rows()[1]
+    assert command.count("--try") == 2 and f"--try {tried} " in command and f"--try {other} " in command
