@@ -1751,7 +1751,7 @@ def held_out_searches() -> None:
 
     catalogue = [r for r in matrix_runs((WORST_CASE_MATRIX,)) if r["seed"] in BOARD_SEEDS]
     cpu = {r["hash"]: r["wall_time_s"] or 0.0 for r in rows()}
-    print("| protocol, defense | trials (proposals) | CPU hours | worst found on the search's seeds | "
+    print("| protocol, defense | trials (proposals), + tries | CPU hours | worst found on the search's seeds | "
           "confirmed on seeds 0-4 | catalogue's worst on seeds 0-4 | searched - catalogue, paired | the cell's worst |")
     print("|---|---|---|---|---|---|---|---|")
     for path in sorted((ROOT / "scenarios").glob("searched_worst_*.toml")):
@@ -1770,8 +1770,9 @@ def held_out_searches() -> None:
         worst = [r for r in catalogue if setting(r) == setting(searched[0]) and same_attack(r, t)]
         seeds = " and ".join(map(str, found["seeds"]))
         lower = seeds_interval(searched).mean < seeds_interval(worst).mean
-        print(f"| {norm_words(searched[0]['norm'])}, {setting_defense_words(searched[0])} | {found['trials']} "
-              f"({found['proposals']}) | {hours:.2f} | {100 * found['worst']['final_acc']:.1f} (seeds {seeds}) | "
+        tries = sum(1 for t in found["tried"] if t.get("given"))  # --try: the curves' attacks (board_tries)
+        print(f"| {norm_words(searched[0]['norm'])}, {setting_defense_words(searched[0])} | {found['trials'] - tries} "
+              f"({found['proposals']}){f' + {tries}' if tries else ''} | {hours:.2f} | {100 * found['worst']['final_acc']:.1f} (seeds {seeds}) | "
               f"{cell(searched)}: {attack_words(searched[0])} | {cell(worst)}: {t['worst_short']} | "
               f"{diff(searched, worst, 'searched higher', 'searched lower')} | "
               f"{'searched' if lower else 'catalogue'} |")
