@@ -943,16 +943,20 @@ def worst_diff(b: dict, a: dict, chance: float) -> str:
 def _search_space(norm: str, defense: str) -> str:
     """The board's search file of this protocol and defense on seeds 10 and 11 (its [search]
     space), else the first of the protocol's: the spaces differ in trials and sampler seed only."""
-    from robustbn.matrix import read
-
-    files = []
-    for p in sorted((ROOT / "scenarios").glob("search_*.toml")):
-        values = read(p)
-        if values.get("norm") == norm and values.get("search", {}).get("seeds") == [10, 11]:
-            files.append((setting_defense_words(expand_channels(values)) == defense, p))
+    files = [(setting_defense_words(expand_channels(values)) == defense, p)
+             for p, values in board_search_files() if values.get("norm") == norm]
     if not files:
         raise SystemExit(f"no search file of norm {norm!r} on seeds 10 and 11 in scenarios/")
-    return str(next((p for same, p in files if same), files[0][1]).relative_to(ROOT))
+    return next((p for same, p in files if same), files[0][1])
+
+
+def board_search_files() -> list[tuple[str, dict]]:
+    """The board's search files on seeds 10 and 11 (scenarios/search_*.toml), with their values."""
+    from robustbn.matrix import read
+
+    found = [(p, read(p)) for p in sorted((ROOT / "scenarios").glob("search_*.toml"))]
+    return [(str(p.relative_to(ROOT)), values) for p, values in found
+            if values.get("search", {}).get("seeds") == [10, 11]]
 
 
 def search_candidates(runs: list[dict], chance: float) -> list[tuple[dict, dict]]:
@@ -1054,14 +1058,12 @@ def curve_attacks(confirmed: set[str] | None = None) -> defaultdict[tuple, dict[
 def board_searches() -> dict[tuple, tuple[str, str]]:
     """The board's searches on seeds 10 and 11 that have confirmed an attack, by (norm, defense):
     (search file, its confirmation file)."""
-    from robustbn.matrix import read
-
     out = {}
-    for p in sorted((ROOT / "scenarios").glob("search_*.toml")):
-        confirm = p.with_name(SEARCHED_PREFIX + p.name.removeprefix("search_"))
-        if read(p).get("search", {}).get("seeds") == [10, 11] and confirm.is_file():
-            (norm, defense, *_), _ = point_of_file(str(confirm.relative_to(ROOT)))
-            out.setdefault((norm, defense), (str(p.relative_to(ROOT)), str(confirm.relative_to(ROOT))))
+    for search, _ in board_search_files():
+        confirm = str(Path(search).with_name(SEARCHED_PREFIX + Path(search).name.removeprefix("search_")))
+        if (ROOT / confirm).is_file():
+            (norm, defense, *_), _ = point_of_file(confirm)
+            out.setdefault((norm, defense), (search, confirm))
     return out
 
 
@@ -1098,19 +1100,25 @@ def board_try_rows() -> tuple[tuple, tuple]:
 def _in_space(root: Path, search: tuple, files: tuple) -> tuple[str, ...]:
     """The files whose attack a search's space holds (`--try` takes them; the others it refuses);
     each file with its mtime, so that a changed one is read again."""
+    with chdir(root):
+        return tuple(attacks_in_space(search[0], [f for f, _ in files]))
+
+
+def attacks_in_space(search: str, files: list[str], on: str | None = None) -> list[str]:
+    """The files whose attack a search's space holds, at MATRIX `on`'s setting where given (as
+    `attack-search --on`); relative to the working directory."""
     from robustbn.matrix import MatrixError
     from robustbn.search import SearchError, given_point, load
 
+    values, space = load(search, [], on=on, sampler_seed=None)
     out = []
-    with chdir(root):
-        values, space = load(search[0], [], on=None, sampler_seed=None)
-        for f, _ in files:
-            try:
-                given_point(f, values, space)
-            except (SearchError, MatrixError):
-                continue
-            out.append(f)
-    return tuple(out)
+    for f in files:
+        try:
+            given_point(f, values, space)
+        except (SearchError, MatrixError):
+            continue
+        out.append(f)
+    return out
 
 
 def board_confirmations() -> dict[tuple, list[str]]:
@@ -1127,20 +1135,21 @@ def board_confirmations() -> dict[tuple, list[str]]:
 @cache
 def _board_confirmations(root: Path, files: tuple, on: tuple) -> dict[tuple, list[str]]:
     from robustbn.matrix import MatrixError
-    from robustbn.search import SearchError, given_point, load
+    from robustbn.search import SearchError
 
-    out, on = defaultdict(list), dict(on)
+    by_defense, on = defaultdict(list), dict(on)
+    for f, _ in files:
+        (norm, defense, *_), _ = point_of_file(f)
+        if (norm, defense) in on:
+            by_defense[(norm, defense)].append(f)
+    out = {}
     with chdir(root):
-        for f, _ in files:
-            (norm, defense, *_), _ = point_of_file(f)
-            if (norm, defense) not in on:
-                continue
+        for key, fs in by_defense.items():
             try:
-                given_point(f, *load(_search_space(norm, defense), [], on=on[(norm, defense)], sampler_seed=None))
-            except (SearchError, MatrixError, SystemExit):  # outside the space, or no space: the search says so
+                out[key] = attacks_in_space(_search_space(*key), fs, on=on[key])
+            except (SearchError, MatrixError, SystemExit):  # no space, or a bad --on: the search says so
                 continue
-            out[(norm, defense)].append(f)
-    return dict(out)
+    return {k: v for k, v in out.items() if v}
 
 
 def point_of_file(path: str) -> tuple[tuple, Any]:
