@@ -1013,9 +1013,13 @@ def curve_search_rows() -> tuple[tuple, tuple]:
         # other points, and at an lr the grid's choice has since left (this point's own included,
         # before its search rewrites that file): a short search must not miss what broke the same
         # defense next door
-        own = attack_of(confirm) if confirm in current else None  # tried here already
-        others = [q for q in tried_here.get((c["norm"], p["defense"]), ())
-                  if (q != confirm or q not in current) and attack_of(q) != own]
+        # every attack, its own confirmed one included (it may have come from a --try: a search
+        # given fewer tries would lose it, confirm another, and the next listing would flip it
+        # back); the file being rewritten is no --try of its own search, another file of the same
+        # attack is
+        others = [next(q for q in files if q != confirm or q not in current)
+                  for files in tried_here.get((c["norm"], p["defense"]), {}).values()
+                  if any(q != confirm or q not in current for q in files)]
         searched = confirm in confirmed
         done = searched and all(tried_in(confirm, other) for other in others)
         if not done and p["worst_acc"] <= chance + ABOVE_CHANCE:
@@ -1030,29 +1034,34 @@ def curve_search_rows() -> tuple[tuple, tuple]:
     return tuple(rows), tuple(left)
 
 
-def given_attacks(confirmed: set[str]) -> dict[tuple, list[str]]:
-    """The confirmation files a search of each (norm, defense) tries (--try), one per attack: the
-    curves' (`curve_attacks`), then those of the same defense's board search."""
-    out = curve_attacks(confirmed)
+def given_attacks(confirmed: set[str]) -> dict[tuple, dict[str, list[str]]]:
+    """The attacks a search of each (norm, defense) tries (--try), each with every file that holds
+    it: the curves' (`attack_files`), then those of the same defense's board search."""
+    out = attack_files(confirmed)
     for (norm, defense), files in board_confirmations().items():  # the same defense's board point
         for f in files:
-            out[(norm, defense)].setdefault(attack_of(f), f)
-    return {k: sorted(v.values()) for k, v in out.items()}
+            out[(norm, defense)][attack_of(f)].append(f)
+    return {k: dict(v) for k, v in out.items()}
 
 
-def curve_attacks(confirmed: set[str] | None = None) -> defaultdict[tuple, dict[str, str]]:
+def attack_files(confirmed: set[str] | None = None) -> defaultdict[tuple, defaultdict[str, list[str]]]:
     """The curves' confirmation files by (norm, defense), by the attack each holds: the `confirmed`
     ones (current, finished; by default every such), then those confirmed at an lr the point no
     longer runs or kept when a later search replaced them, whose runs have all finished."""
     current = set(current_confirmations())
     if confirmed is None:
         confirmed = {f for f in current if all_finished(f)}
-    out: defaultdict[tuple, dict[str, str]] = defaultdict(dict)
+    out: defaultdict[tuple, defaultdict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for f in sorted(confirmed) + sorted(set(curve_confirmations()) - current):
         if f in confirmed or all_finished(f):
             (norm, defense, *_), _ = point_of_file(f)
-            out[(norm, defense)].setdefault(attack_of(f), f)
+            out[(norm, defense)][attack_of(f)].append(f)
     return out
+
+
+def curve_attacks(confirmed: set[str] | None = None) -> dict[tuple, dict[str, str]]:
+    """`attack_files`, one file per attack (the first)."""
+    return {k: {attack: files[0] for attack, files in v.items()} for k, v in attack_files(confirmed).items()}
 
 
 def board_searches() -> dict[tuple, tuple[str, str]]:

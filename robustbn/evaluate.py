@@ -398,7 +398,8 @@ def keep_earlier_confirmation(path: Path, new_values: dict[str, Any]) -> Path | 
     seeds are an attack tried there, and a worst case is the worst of every attack tried (a
     later search can find a worse attack on its own seeds that is milder on these). Nothing is
     kept where the file is missing, is no confirmation, holds the same attacks, or another
-    setting (a defense tuned anew: its old attack was on another defense)."""
+    setting (a defense tuned anew: its old attack was on another defense), or where an earlier
+    file kept there holds its attacks already (its runs count through that one)."""
     from .store import scenario_hash
     from .worst import ATTACK_KEYS, NOT_SETTING
 
@@ -417,6 +418,12 @@ def keep_earlier_confirmation(path: Path, new_values: dict[str, Any]) -> Path | 
                                            if k not in ATTACK_KEYS and k not in NOT_SETTING}) for sc in scs}
     if attacks(before) <= attacks(after) or settings(before) != settings(after):
         return None
+    for earlier in path.parent.glob(f"{path.stem}{EARLIER}*.toml"):
+        try:
+            if attacks(expand(read(earlier), str(earlier))) == attacks(before):
+                return None
+        except MatrixError:
+            continue
     k = 1
     while (kept := path.with_name(f"{path.stem}{EARLIER}{k}.toml")).exists():
         k += 1

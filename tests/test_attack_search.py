@@ -539,6 +539,13 @@ def test_a_confirmation_rewritten_with_another_attack_keeps_the_earlier_one(tmp_
     assert read(confirm)["grad_attack"] == "ipm" and "every attack confirmed here counts" in read(kept)["description"]
     assert keep_earlier_confirmation(confirm, {**read(confirm), "grad_attack": "sf", "lr": 0.5}) is None
     assert keep_earlier_confirmation(tmp_path / "missing.toml", read(confirm)) is None
+    # sf confirmed there again, then ipm again: ipm is kept once (earlier_2), and sf, kept already, not twice
+    search(capsys, write(tmp_path, one("sf"), "a.toml"), db, "--confirm", str(confirm))
+    assert read(tmp_path / "searched_worst_x_earlier_2.toml")["grad_attack"] == "ipm"
+    search(capsys, write(tmp_path, one("ipm"), "b.toml"), db, "--confirm", str(confirm))
+    search(capsys, write(tmp_path, one("sf"), "a.toml"), db, "--confirm", str(confirm))
+    assert sorted(p.name for p in tmp_path.glob("searched_worst_x_*")) == ["searched_worst_x_earlier_1.toml",
+                                                                          "searched_worst_x_earlier_2.toml"]
 
 
 def test_a_hand_written_board_confirmation_is_kept_too(tmp_path, capsys):

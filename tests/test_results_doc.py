@@ -549,6 +549,14 @@ def test_a_search_tries_the_attacks_confirmed_at_the_same_defenses_other_points(
     # had gamma 0.5's search confirmed gamma 1's own attack, there would be nothing new to try at gamma 1
     found.clear()
     assert left() == {}
+    # an attack kept at gamma 1 (a sampler's find a --try beat) is untried there: the search runs again, and it
+    # is given its own confirmed attack too (gamma 0.5's file holds it): without it, it would confirm the kept
+    # one, and the next listing would flip it back, each time keeping another _earlier_ file
+    kept = f"{tables.TUNED_DIR}/searched_worst_fbn_nnm_median_1_earlier_1.toml"
+    (tmp_path / kept).write_text(toml_text({**values, "description": "kept"}))
+    found[kept] = "IPM on the gradients"
+    command = left()[f"{tables.TUNED_DIR}/tuned_fbn_nnm_median_1.toml"]
+    assert f"--try {at_half} " in command and f"--try {kept} " in command and f"--try {at_1} " not in command
 
 
 @pytest.mark.parametrize("board_acc, near, spread", [(0.15, True, 0.002), (0.45, False, 0.002), (0.07, True, 0.04)])
