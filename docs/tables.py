@@ -1013,13 +1013,12 @@ def curve_search_rows() -> tuple[tuple, tuple]:
         # other points, and at an lr the grid's choice has since left (this point's own included,
         # before its search rewrites that file): a short search must not miss what broke the same
         # defense next door
-        # every attack, its own confirmed one included (it may have come from a --try: a search
-        # given fewer tries would lose it, confirm another, and the next listing would flip it
-        # back); the file being rewritten is no --try of its own search, another file of the same
-        # attack is
-        others = [next(q for q in files if q != confirm or q not in current)
-                  for files in tried_here.get((c["norm"], p["defense"]), {}).values()
-                  if any(q != confirm or q not in current for q in files)]
+        # every attack, its own confirmed one included: it may have come from a --try, and a search
+        # given fewer tries would lose it, confirm another, and the next listing would flip it back.
+        # Another file of the same attack where there is one, else the file the search rewrites
+        # (read before it is: the sampler's own find is replayed, not tried twice)
+        others = [min(files, key=lambda q: q == confirm)
+                  for files in tried_here.get((c["norm"], p["defense"]), {}).values()]
         searched = confirm in confirmed
         done = searched and all(tried_in(confirm, other) for other in others)
         if not done and p["worst_acc"] <= chance + ABOVE_CHANCE:

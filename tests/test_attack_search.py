@@ -548,6 +548,24 @@ def test_a_confirmation_rewritten_with_another_attack_keeps_the_earlier_one(tmp_
                                                                           "searched_worst_x_earlier_2.toml"]
 
 
+def test_a_search_tries_the_confirmation_file_it_rewrites(tmp_path, capsys):
+    """--try FILE --confirm FILE: FILE's attack is read before the search rewrites it, tried, and
+    named in the new description (the curves give a search its own confirmed attack that way where
+    no other file holds it: robustbn's docs, curve_search_rows)."""
+    from robustbn.labels import attack_words
+    from robustbn.matrix import expand, read
+
+    db, confirm = tmp_path / "s.sqlite", tmp_path / "searched_worst_x.toml"
+    one = lambda attack: BASE + f'[search]\ntrials = 1\nseed = 0\n[search.grad]\nattacks = ["{attack}"]\n'
+    search(capsys, write(tmp_path, one("sf"), "a.toml"), db, "--confirm", str(confirm))
+    before = attack_words(expand(read(confirm), str(confirm))[0].to_dict())
+    both = BASE + '[search]\ntrials = 1\nseed = 2\n[search.grad]\nattacks = ["ipm", "sf"]\n'
+    out = search(capsys, write(tmp_path, both, "b.toml"), db, "--try", str(confirm), "--confirm", str(confirm))
+    # seed 2: the sampler's one trial is IPM, then the file's SF is tried
+    assert [(t["attack"], t["given"]) for t in out["tried"]] == [("IPM on the gradients", None), (before, str(confirm))]
+    assert f"it tried too {confirm.name} ({before})" in read(confirm)["description"]
+
+
 def test_a_hand_written_board_confirmation_is_kept_too(tmp_path, capsys):
     """The board's first confirmations were written by hand ("The worst attack that `robustbn
     attack-search ...` found"): a search that --try's another attack and confirms it there keeps

@@ -557,6 +557,9 @@ def test_a_search_tries_the_attacks_confirmed_at_the_same_defenses_other_points(
     found[kept] = "IPM on the gradients"
     command = left()[f"{tables.TUNED_DIR}/tuned_fbn_nnm_median_1.toml"]
     assert f"--try {at_half} " in command and f"--try {kept} " in command and f"--try {at_1} " not in command
+    # where no other file holds gamma 1's own attack any more, its own file is the --try (read before rewritten)
+    found[at_half] = "ALIE on the gradients + SF on the mean"
+    assert f"--try {at_1} " in left()[f"{tables.TUNED_DIR}/tuned_fbn_nnm_median_1.toml"]
 
 
 @pytest.mark.parametrize("board_acc, near, spread", [(0.15, True, 0.002), (0.45, False, 0.002), (0.07, True, 0.04)])
