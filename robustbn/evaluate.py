@@ -399,7 +399,7 @@ def keep_earlier_confirmation(path: Path, new_values: dict[str, Any]) -> Path | 
     later search can find a worse attack on its own seeds that is milder on these). Nothing is
     kept where the file is missing, is no confirmation, holds the same attacks, or another
     setting (a defense tuned anew: its old attack was on another defense), or where an earlier
-    file kept there holds its attacks already (its runs count through that one)."""
+    file kept there holds its attacks at its setting already (its runs count through that one)."""
     from .store import scenario_hash
     from .worst import ATTACK_KEYS, NOT_SETTING
 
@@ -420,10 +420,11 @@ def keep_earlier_confirmation(path: Path, new_values: dict[str, Any]) -> Path | 
         return None
     for earlier in path.parent.glob(f"{path.stem}{EARLIER}*.toml"):
         try:
-            if attacks(expand(read(earlier), str(earlier))) == attacks(before):
-                return None
+            kept = expand(read(earlier), str(earlier))
         except MatrixError:
             continue
+        if attacks(kept) == attacks(before) and settings(kept) == settings(before):
+            return None
     k = 1
     while (kept := path.with_name(f"{path.stem}{EARLIER}{k}.toml")).exists():
         k += 1

@@ -522,7 +522,7 @@ def test_a_confirmation_rewritten_with_another_attack_keeps_the_earlier_one(tmp_
     attack confirmed before stays beside it (<stem>_earlier_1.toml, the same runs), since the
     worst case is the worst of every attack tried; the same attack again, or another setting
     (another lr), keeps nothing."""
-    from robustbn.evaluate import keep_earlier_confirmation
+    from robustbn.evaluate import keep_earlier_confirmation, toml_text
     from robustbn.matrix import expand, read
 
     db, confirm = tmp_path / "s.sqlite", tmp_path / "searched_worst_x.toml"
@@ -546,6 +546,11 @@ def test_a_confirmation_rewritten_with_another_attack_keeps_the_earlier_one(tmp_
     search(capsys, write(tmp_path, one("sf"), "a.toml"), db, "--confirm", str(confirm))
     assert sorted(p.name for p in tmp_path.glob("searched_worst_x_*")) == ["searched_worst_x_earlier_1.toml",
                                                                           "searched_worst_x_earlier_2.toml"]
+    # at another lr, an earlier file of the same attack does not stand for this one: its runs are other runs
+    (tmp_path / "searched_worst_x_earlier_1.toml").write_text(
+        toml_text({**read(tmp_path / "searched_worst_x_earlier_1.toml"), "lr": 0.5}), encoding="utf-8")
+    assert keep_earlier_confirmation(confirm, {**read(confirm), "grad_attack": "ipm"}).name == \
+        "searched_worst_x_earlier_3.toml"
 
 
 def test_a_search_tries_the_confirmation_file_it_rewrites(tmp_path, capsys):
