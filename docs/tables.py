@@ -1009,14 +1009,11 @@ def curve_search_rows() -> tuple[tuple, tuple]:
         if path is None:
             continue
         confirm = confirmation_of(path)
-        # the attacks confirmed against this defense elsewhere are tried here too (--try): at its
-        # other points, and at an lr the grid's choice has since left (this point's own included,
-        # before its search rewrites that file): a short search must not miss what broke the same
-        # defense next door
-        # every attack, its own confirmed one included: it may have come from a --try, and a search
-        # given fewer tries would lose it, confirm another, and the next listing would flip it back.
-        # Another file of the same attack where there is one, else the file the search rewrites
-        # (read before it is: the sampler's own find is replayed, not tried twice)
+        # every attack confirmed against this defense is tried here (--try), at its other points
+        # and at an lr the grid has since left: a short search must not miss what broke the same
+        # defense next door. Its own confirmed one too: it may have come from a --try, and a rerun
+        # without it would confirm another and the next listing flip it back. Each from another
+        # file where one holds it, else from the file the search rewrites (read before it is)
         others = [min(files, key=lambda q: q == confirm)
                   for files in tried_here.get((c["norm"], p["defense"]), {}).values()]
         searched = confirm in confirmed
