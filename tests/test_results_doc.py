@@ -1101,3 +1101,39 @@ def test_the_boards_search_tries_the_curves_confirmed_attacks_on_the_same_defens
                                                "grad_attack_params": {"eps": 2.0}}))
     (command,) = tables.board_try_rows()[1]
     assert command.count("--try") == 2 and f"--try {tried} " in command and f"--try {other} " in command
+
+
+def test_a_curve_point_where_naive_bn_beats_fbn_under_seed_002s_pipeline_is_a_disagreement(
+        tmp_path, monkeypatch, capsys):
+    """curve_disagreements: under nnm+trmean on every message, a root-free point where naive BN's
+    worst case stands above FBN's (paired over seeds) is a line of its own that says it is not
+    seed 002's setting; FBN above, tied or both at chance are counted in one line; a trusted
+    defense, or a point where one protocol has not finished, says nothing."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import tables
+    from test_worst_case import add
+
+    from robustbn.store import Store
+
+    trmean = dict(grad_agg="nnm+trmean", bn_agg="nnm+trmean")
+    # (gamma, f): (FBN, naive BN) worst case; None: that protocol has not run there
+    level = {(1.0, 3): (0.70, 0.80), (0.1, 1): (0.40, 0.12), (0.5, 3): (0.50, None), (0.0, 3): (0.1, 0.1002)}
+    with Store(tmp_path / "s.sqlite") as store:
+        for (gamma, f), accs in level.items():
+            for norm, acc in zip(("fbn", "naive"), accs):
+                for seed in range(5) if acc is not None else ():
+                    for attack in ("sf", "alie"):  # ALIE the worst, by 0.05 on every seed
+                        add(store, acc + 0.003 * seed + 0.05 * (attack == "sf"), norm=norm, f=f, gamma=gamma,
+                            lr=0.05, seed=seed, grad_attack=attack, **trmean)
+        runs = store.rows()
+    monkeypatch.setattr(tables, "curve_runs", lambda x=None: runs)
+    monkeypatch.setattr(tables, "confirmed_points", dict)
+    tables.curve_disagreements()
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2, out
+    assert out[0].startswith("- the robustness curves, root-free, gamma = 1, f = 3, nnm+trmean on every message")
+    assert "not its setting" in out[0] and "FBN 70.6 [" in out[0] and "naive BN 80.6 [" in out[0]
+    assert out[0].endswith("difference -10.0 [-10.0, -10.0] (5 pairs; lower)")
+    assert out[1] == ("- the curves' other root-free points under nnm+trmean, FBN against naive BN, at (gamma, f): "
+                      "both at or below chance at (0, 3); higher at (0.1, 1)")
