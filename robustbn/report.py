@@ -350,6 +350,7 @@ tr.runs td{padding:0 8px;border:0}details table{font-size:12px;margin:0 0 8px 1e
 table.heat td{text-align:center;min-width:5.5em}table.heat td small{display:block;color:#333;font-size:11px}
 img{max-width:100%;height:auto}code{font-size:13px;overflow-wrap:anywhere}
 .map th{white-space:nowrap}.map td>div{font-size:13px}.map td>div+div{margin-top:4px}
+#recommendations td,table.protocols td{overflow-wrap:anywhere}table.protocols th{white-space:normal}
 @media (max-width:600px){img.zoom{max-width:none;width:760px}}"""
 
 JS = """(function(){

@@ -349,6 +349,10 @@ def test_the_page_in_chromium_equals_the_json_and_sorts(setup, tmp_path):
         box = phone.eval_on_selector("#leaderboard", "t => [t.parentNode.scrollWidth, t.parentNode.clientWidth]")
         assert box[0] > box[1] and phone.eval_on_selector(
             "#leaderboard", "t => getComputedStyle(t.parentNode).overflowX") == "auto"
+        # the tables of prose (the picks, the maps) wrap to the phone's width; the leaderboard and the heatmap scroll
+        prose = phone.eval_on_selector_all(".scroll > table:not(#leaderboard):not(.heat)", "ts => ts.map(t => "
+                                           "[t.parentNode.scrollWidth, t.parentNode.clientWidth])")
+        assert prose and all(width <= room for width, room in prose), prose
         # a wide table's caption stays in view, whole, above its scrolling box
         edges = phone.eval_on_selector_all(".scroll caption", "cs => cs.map(c => [c.getBoundingClientRect().right, "
                                                               "c.closest('.scroll').getBoundingClientRect().right])")
