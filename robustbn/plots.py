@@ -356,7 +356,7 @@ def _tuned_labels(ax, x: float, labels: list[tuple[float, str, str]], gap: float
     together (at chance, say) stay readable; a long label wraps rather than cross the plot."""
     top, lines_before = -gap, 0
     for y, words, color in sorted(labels):
-        words = textwrap.fill(words, 34)
+        words = textwrap.fill(words, 24)  # narrower than the space between two points
         lines = words.count("\n") + 1
         y_at = max(y, top + gap * (lines_before + lines) / 2)  # centre to centre: half of each label's height
         top, lines_before = y_at, lines
@@ -501,8 +501,8 @@ def protocol_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str | N
                     tuned: Iterable[str] = (), expected=None):
     """Which BN protocol along `x` (gamma or f): a panel per threat model, a line per protocol
     (robustbn.worst.protocol_map): at each point its highest defense's worst case (%), the 95%
-    interval as a bar, the defense (and `tuned` values) written where it changes along the line,
-    chance dotted. A protocol's color is its color in every plot."""
+    interval as a bar, the defense and the `tuned` values written where they change along the
+    line (the values alone where the defense stays), chance dotted. A protocol's color is its color in every plot."""
     if x not in ("gamma", "f"):
         raise ValueError(f"--x {x}: protocols are compared along gamma or f")
     other = "f" if x == "gamma" else "gamma"
@@ -544,10 +544,11 @@ def protocol_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str | N
             said = None
             for (c, p), xv, y in zip(pts, xs, ys):
                 seeds[name].add(p["seeds"])
-                words = compact_defense(p["defense"]) + "".join(f", {k} {text(p.get(k))}" for k in tuned)
-                if words != said:
+                now = (compact_defense(p["defense"]), ", ".join(f"{k} {text(p.get(k))}" for k in tuned))
+                if now != said:  # the defense again where only its tuned values changed: one label fewer to crowd
+                    words = now[1] if said and said[0] == now[0] and now[1] else ", ".join(filter(None, now))
                     labels[xv].append((y, words, color(norm)))
-                said = words
+                said = now
         for xv, here in labels.items():
             _tuned_labels(ax, xv, here)
         ax.set_title("trusted server data" if trusted else "root-free", fontsize=10)
@@ -560,8 +561,9 @@ def protocol_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str | N
     words = [f"{n} ({over(min(seeds[n]), max(seeds[n]))})" for n in handles]
     fig.legend(list(handles.values()), words, fontsize=7, loc="outside lower center", ncols=min(3, len(words)))
     held_words = "" if len(held) > 1 else f" at {other} = {text(held[0])}"
+    alone = f", {', '.join(tuned)} alone where only that changes" if tuned else ""
     caption = textwrap.fill(f"each protocol at its highest defense at each point{held_words} (written where it "
-                            f"changes): its worst case over the attacks run, mean over seeds, bar: "
+                            f"changes{alone}): its worst case over the attacks run, mean over seeds, bar: "
                             f"{CLIPPED_PERCENT_WORDS}; chance dotted", width=int(15 * fig.get_size_inches()[0]))
     fig.suptitle(f"{title}\n{caption}" if title else caption, fontsize=9)
     return fig

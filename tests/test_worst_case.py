@@ -838,7 +838,7 @@ def test_the_protocols_figure_draws_each_protocols_top_defense_along_x(tmp_path,
         line = lines[mcolor(NORM_COLORS[norm])]
         assert list(line.get_ydata()) == pytest.approx([100 * top[(norm, g)]["worst_acc"] for g in (0.0, 1.0)])
     # at gamma 0 nnm+median is each protocol's top, at gamma 1 the mean: written at both points
-    texts = sorted(t.get_text() for t in panel.texts)
+    texts = sorted(t.get_text().replace("\n", " ") for t in panel.texts)  # a long label wraps
     assert texts == sorted([ROBUST_DEFENSE.replace(" on the gradients", " (grad)").replace(
         " on the mean and variance", " (BN)")] * 2 + [MEAN_DEFENSE] * 2)
     # naive BN still waiting for a third defense at gamma 0: its line starts at gamma 1, FBN's is whole
@@ -847,6 +847,15 @@ def test_the_protocols_figure_draws_each_protocols_top_defense_along_x(tmp_path,
     lines = {mcolor(ln.get_color()): ln for ln in panel.get_lines() if ln.get_linestyle() == "-"}
     assert list(lines[mcolor(NORM_COLORS["naive"])].get_xdata()) == [1.0]
     assert list(lines[mcolor(NORM_COLORS["fbn"])].get_xdata()) == [0.0, 1.0]
+    # one defense all along, its lr tuned per point: the defense is written once, then the lr alone where it moves
+    with Store(tmp_path / "lr.sqlite") as store:
+        for seed in range(2):
+            for gamma, lr in ((0.0, 0.05), (0.5, 0.05), (1.0, 0.1)):
+                add(store, 0.5 + 0.01 * seed, norm="fbn", f=3, gamma=gamma, seed=seed, lr=lr, **DEFENSES["mean"],
+                    **ATTACKS["sf-mean"])
+        tuned_rows = store.rows()
+    (panel,) = [a for a in protocol_figure(tuned_rows, "gamma", tuned=("lr",)).axes if a.get_title()]
+    assert sorted((t.xy[0], t.get_text().replace("\n", " ")) for t in panel.texts) == [(0.0, f"{MEAN_DEFENSE}, lr 0.05"), (1.0, "lr 0.1")]
     out = tmp_path / "p.png"
     assert main(["plot", "protocols", "--x", "gamma", "--db", db, "--out", str(out)]) == 0
     assert out.read_bytes()[:4] == b"\x89PNG"
