@@ -487,13 +487,21 @@ def robustness_table(x: str) -> None:
     planned = planned_defenses() if (ROOT / tuning_file()).is_file() else {}
     missing = []
     for n in norms:
-        drawn = {pts[0]["defense"] for pts in lines.get(n, {}).values()}
-        left = sorted({w for (norm, *at, _), ds in planned.items() if norm == n and dict(zip(("gamma", "f"), at))[held]
-                       == value for w in ds.values()} - drawn)
+        drawn = defaultdict(set)  # defense: the points along x it has finished
+        for pts in lines.get(n, {}).values():
+            drawn[pts[0]["defense"]].update(t[x] for t in pts)
+        want = defaultdict(set)  # defense: the points along x it is planned at
+        for (norm, *at, _), ds in planned.items():
+            point = dict(zip(("gamma", "f"), at))
+            if norm == n and point[held] == value:
+                for w in ds.values():
+                    want[w].add(point[x])
+        left = [compact_defense(w) + ("" if not drawn[w] else f" at {x} = {', '.join(f'{v:g}' for v in sorted(lack))}")
+                for w in sorted(want) if (lack := want[w] - drawn[w])]
         if n not in lines:
             missing.append(norm_words(n))
         elif left:
-            missing.append(f"{norm_words(n)}'s {' and '.join(compact_defense(w) for w in left)}")
+            missing.append(f"{norm_words(n)}'s {' and '.join(left)}")
         elif not planned and all(pts[0].get("server_data") for pts in lines[n].values()):
             missing.append(f"{norm_words(n)}'s root-free defenses")
     print(f"{held} = {value}. A row per defense and {x}: the worst case over the attacks run (%) [95% CI] (seeds; a "
@@ -538,7 +546,8 @@ def f_sweep_level() -> None:
     """Why the f sweep holds gamma at SWEEPS["f"]: each protocol's best root-free worst case at
     f = 3, on the board (gamma = 0, the matrix's lr) and on the curves at gamma = 0 and at the
     sweep's level (each defense at its tuned lr), against chance."""
-    from robustbn.labels import norm_words
+    from robustbn.data import num_classes
+    from robustbn.labels import label_sorted_words, norm_words
     from robustbn.matrix import read
     from robustbn.plots import robustness_lines
     from robustbn.report import leaderboard as board
@@ -568,7 +577,8 @@ def f_sweep_level() -> None:
     curve = robustness_lines(runs, "gamma", TUNED) if runs else {}
     at = lambda norm, g: [t for pts in curve.get(norm, {}).values() for t in pts if t["gamma"] == g]
     on_curve = lambda norm, g: best(at(norm, g), expected_defenses(norm, None, g, f))[:2]
-    print(f"Why gamma = {held:g}: at gamma = 0 each honest client holds about one class, and a curve along f "
+    spread = label_sorted_words(num_classes(values["dataset"]), [values["n"] - f])
+    print(f"Why gamma = {held:g}: at gamma = 0 {spread}, and a curve along f "
           f"means something only where the defenses stand above chance ({100 * chance:.0f}%) at f = {f}. Each "
           f"protocol's highest root-free worst case at f = {f} (the board: lr {lr:g}; the curves: each defense at its "
           f"tuned lr, finished points only):\n")
@@ -586,9 +596,13 @@ def f_sweep_level() -> None:
         print(f"| {norm_words(norm)} | {board_text} | {on_curve(norm, 0.0)[1]} | {on_curve(norm, held)[1]} |")
     print()
     possessive = [(f"{n}'s", acc) for n, acc in lifted]
+    roomy_board = [f"{norm_words(n)}'s {100 * (acc - chance):.1f}" for n, acc in board_best.items()
+                   if acc is not None and acc - chance >= NEAR_CHANCE]
     if low:
         print(f"On the board at gamma = 0, {', '.join(low)}: a sweep of f there would have almost no room to "
-              f"fall, so the f sweep holds gamma = {held:g}, the smallest gamma above 0 that the gamma sweep runs "
+              f"fall" + (f" (the level was not chosen for {' and '.join(roomy_board)} points above chance)"
+                         if roomy_board else "") +
+              f", so the f sweep holds gamma = {held:g}, the smallest gamma above 0 that the gamma sweep runs "
               f"(the most heterogeneous level after gamma = 0). That was chosen before the curves ran."
               + (f" On the curves, each defense at its tuned lr, gamma = 0 has more room than that: "
                  f"{', '.join(n + f' best stands at {100 * acc:.1f}' for n, acc in possessive)}. For "
@@ -750,7 +764,9 @@ def robustness_map() -> None:
     # a row per pick in three columns, not a grid of cells naming several defenses each: a phone's width
     print("Each point's verdict is on its first row; the rows under it are the defenses tied with it (the gap: the "
           "first - it, paired over seeds, its interval holding 0), then the closest defense outside the pick or the "
-          "tied set, \"next\", and how much lower than the first it stands (paired over seeds). Each defense: its "
+          "tied set, \"next\", and how much lower than the first it stands (paired over seeds; no \"next\" where "
+          "the closest stands above a tied defense: told apart from the first on tighter seeds, it is not below the "
+          "set). Each defense: its "
           "worst case (%) [95% interval] (seeds; its tuned lr, and \"searched\" where an attack search's confirmed "
           "attack is among those run there; with neither \"searched\" nor \"not searched yet\", the catalogue's "
           "attacks only, where no search could change the verdict). (grad): on the gradients, (BN): on the BN mean "
@@ -1903,7 +1919,9 @@ def disagreements() -> None:
             long_f0("naive"), min_pairs=LONG_MIN_PAIRS)
     compare("FixBN against centralized BN at gamma = 0, T = 200 (seed 002: FixBN loses accuracy under extreme "
             "heterogeneity)", fig3("fixbn", 0.0), fig3("central", 0.0))
-    compare("seed 003's setting (FedAvg): FBN against plain BN (seed 002 finds FBN above it under DSGD)",
+    compare("seed 003's setting (FedAvg, Dirichlet): FBN against plain BN (seed 002: FBN \"outperforms existing "
+            "BatchNorm mechanisms\", shown under DSGD, most under strong heterogeneity; seed 003 finds FBN below "
+            "plain BN under FedAvg, as here)",
             sel(algorithm="fedavg", partition="dirichlet", norm="fbn"),
             sel(algorithm="fedavg", partition="dirichlet", norm="naive"))
     curve_disagreements()

@@ -144,6 +144,22 @@ def _pipeline_words(spec: str, params_key: Any) -> str:
     return f"{spec}{params_words(params)}"
 
 
+def label_sorted_words(classes: int | None, honest: list[int]) -> str:
+    """gamma = 0 in words: each honest client's label-sorted slice, in classes' worth of data
+    (seed 002's split cuts the data among the n - f honest clients, so 7 of them hold about
+    1.4 classes each, 2 or 3 labels; one class each only where there are as many as classes)."""
+    words = "each honest client holds a label-sorted slice of the training set"
+    honest = sorted(set(honest))
+    if not classes or not honest or honest[0] < 1:
+        return words
+    share = lambda h: f"{classes / h:.2g}"
+    if len(honest) == 1:
+        each = f"{share(honest[0])} class" + ("es'" if classes != honest[0] else "'s")
+        return f"{words}, about {each} worth of data ({classes} classes over {honest[0]} honest clients)"
+    return (f"{words}, from about {share(honest[-1])} to {share(honest[0])} classes' worth of data ({classes} "
+            f"classes over {honest[0]} to {honest[-1]} honest clients)")
+
+
 def norm_words(norm: str) -> str:
     """A protocol's `label`; a user's protocol (`module:Name`) by the label its own class sets
     (one it inherits would name the protocol it changes), else by its reference."""

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable
 
 from .channels import NOT_ATTACKS
 from .labels import (CHANNEL_WORDS, attack_short, attack_words, channels, compact_defense, hashable, is_attack,
-                     norm_order, norm_words, text)
+                     label_sorted_words, norm_order, norm_words, text)
 from .stats import CLIPPED_PERCENT_WORDS, DIVERGED_WORDS, MIN_PAIRS, PAIRED_WORDS, accuracy, number, too_few
 from .stats import chance as chance_of
 from .worst import (BEST, DEFENSE_FIELDS, SEARCHED, SEARCHED_PREFIX, TIED, WORSE, SettingsDiffer, matrix_rows,
@@ -445,10 +445,16 @@ def figures(rows: list[dict[str, Any]], board: Board) -> list[tuple[str, str]]:
 
 def setup_html(board: Board) -> str:
     """The setting and the threat model, in words, from the rows' own fields."""
+    from .data import num_classes  # as stats.chance: the page's import stays light
+
     e = html.escape
     v = lambda k: ", ".join(str(x) for x in board.setup.get(k, [])) or "?"
     gamma = board.gamma
-    spread = ("each honest client holds about one class (seed 002's extreme heterogeneity)" if gamma == 0 else
+    ns, fs = board.setup.get("n", []), board.setup.get("f", [])
+    honest = [n - f for n in ns for f in fs if isinstance(n, int) and isinstance(f, int)] if len(ns) == 1 else []
+    classes = {num_classes(d) for d in board.setup.get("dataset", [])}
+    spread = (label_sorted_words(classes.pop() if len(classes) == 1 else None, honest) +
+              " (seed 002's extreme heterogeneity)" if gamma == 0 else
               "the data is iid across clients" if gamma == 1 else
               f"a fraction {gamma} of each client's data is iid, the rest sorted by class")
     items = [

@@ -571,6 +571,8 @@ def test_the_setup_names_only_the_messages_the_runs_attack_and_the_server_data_t
     """The page's setup box is written from the rows: a board whose attacks touch the gradients
     only says so (not the BN statistics), and says nothing of trusted server data where no
     defense used any; a board with BN attacks and an FLTrust row names both."""
+    import html
+
     from robustbn.report import leaderboard, setup_html
     from test_worst_case import ATTACKS, DEFENSES, add
 
@@ -588,6 +590,9 @@ def test_the_setup_names_only_the_messages_the_runs_attack_and_the_server_data_t
         return setup_html(leaderboard(rows))
 
     grad_only = box("alie-grad")
+    # gamma = 0 cuts the label-sorted data among the n - f honest clients: 7 of them, not one class each
+    assert ("gamma = 0.0: each honest client holds a label-sorted slice of the training set, about 1.4 classes' "
+            "worth of data (10 classes over 7 honest clients)") in html.unescape(grad_only)
     assert "the messages these runs attack: the gradients (worker momentum);" in grad_only
     assert "Trusted server data" not in grad_only
     both = box("alie-grad", "sf-mean", trusted=True)

@@ -192,11 +192,13 @@ def test_the_robustness_section_tabulates_the_curves_and_its_figure_carries_thei
     from test_worst_case import ROBUST_DEFENSE
     planned = {("fbn", g, 3, None): {1: "mean", 2: ROBUST_DEFENSE, 3: "nnm+trmean"} for g in (0.0, 1.0)}
     planned[("fbn", 0.1, 1, None)] = {4: "dnc"}
+    planned[("fbn", 0.5, 3, None)] = {2: ROBUST_DEFENSE}  # a point of a drawn defense not finished: named with it
     real = tables.tuning_file, tables.planned_defenses
     monkeypatch.setattr(tables, "tuning_file", lambda: tables.ROBUSTNESS_MATRIX)  # a file that is there
     monkeypatch.setattr(tables, "planned_defenses", lambda: planned)
     tables.robustness_table("gamma")
-    assert "not finished): FBN's nnm+trmean; FixBN." in capsys.readouterr().out
+    assert ("not finished): FBN's mean (grad), nnm+median (BN) at gamma = 0.5 and nnm+trmean; FixBN."
+            in capsys.readouterr().out)
     monkeypatch.setattr(tables, "tuning_file", real[0])
     monkeypatch.setattr(tables, "planned_defenses", real[1])
     truth = {(t["defense"], t["gamma"]): t for t in worst_case(runs, ("lr",))}
@@ -649,6 +651,9 @@ def test_where_the_f_curves_stand_above_chance_is_said_per_protocol(tmp_path, mo
     assert ("at gamma = 0.1, f = 3, FBN's best stands 0.3 points above chance and naive BN's best stands 0.2 points "
             "above chance" in text)
     assert "Along f, the map's root-free pick stands above chance: FBN's at f = 1 only, naive BN's at no f." in text
+    # the level was argued from FBN's board row alone: naive BN's room there is said, not passed over
+    assert ("FBN's best stands 2.2 points above chance: a sweep of f there would have almost no room to fall (the "
+            "level was not chosen for naive BN's 20.2 points above chance), so the f sweep holds gamma = 0.1") in text
     # gamma = 0 is near chance on the curves too: the level did not lose the board's room (naive BN's; FBN had none)
     assert ("At gamma = 0 the curves stand within 10 points of chance too, where the board (lr 0.05) stands higher "
             "(naive BN 10.0 against the board's 30.2): that room is on neither level of the curves, so it was not "
