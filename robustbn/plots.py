@@ -30,6 +30,7 @@ from .labels import (  # noqa: E402
     hashable,
     norm_order,
     norm_words,
+    setting_defense_words,
     sort_key,
     text,
     varying,
@@ -63,7 +64,7 @@ MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p")
 
 # fields the words say (robustbn.labels): where the words tell two groups apart, no "key=value" for them
 WORDED = {"norm", "f", "agg_f", "grad_attack", "grad_attack_params", "grad_agg", "grad_agg_params",
-          *(f"bn_{p}" for p in PARTS), *BN_CHANNEL_KEYS}
+          "client_filter", "client_filter_params", "root_size", *(f"bn_{p}" for p in PARTS), *BN_CHANNEL_KEYS}
 
 
 class Legend:
@@ -80,8 +81,13 @@ class Legend:
     def __init__(self, rows: list[dict[str, Any]], exclude: set[str] = frozenset()):
         self.keys = varying(rows, set(exclude))
         self.groups = dict(sorted(group(rows, self.keys).items(), key=lambda kv: self._order(kv[1][0])))
-        self.words = {k: (norm_words(rs[0]["norm"]), attack_words(rs[0]), defense_words(rs[0]))
-                      for k, rs in self.groups.items()}
+        # a defense in the papers' words, its attacked channels' pipeline; the whole of it (every channel's
+        # pipeline, the client filter) where those words would give one defense two names, or two defenses one
+        short = {k: defense_words(rs[0]) for k, rs in self.groups.items()}
+        full = {k: setting_defense_words(rs[0]) for k, rs in self.groups.items()}
+        named = {(short[k], full[k]) for k in self.groups}
+        defense = short if len(named) == len(set(short.values())) == len(set(full.values())) else full
+        self.words = {k: (norm_words(rs[0]["norm"]), attack_words(rs[0]), defense[k]) for k, rs in self.groups.items()}
         shown = [i for i in range(3) if len({w[i] for w in self.words.values()}) > 1]
         first = next(iter(self.words.values()), ("", "", ""))
         self.common = [first[i] for i in range(3) if i not in shown

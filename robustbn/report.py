@@ -410,7 +410,7 @@ def heatmap_html(board: Board) -> str:
                 continue
             v = r["worst_acc"]
             color = f"hsl({round(120 * v)},70%,{round(88 - 20 * (1 - v))}%)"  # red (0%) to green (100%)
-            mark = " (diverged)" if r["diverged"] else ""
+            mark = f" ({r['diverged']} of {r['seeds']} diverged)" if r["diverged"] else ""
             tds.append(f'<td style="background:{color}">{pct(v)}{mark}<small>{e(ci(r["ci_low"], r["ci_high"], r["seeds"]))}'
                        f'</small><small>{e(attack_short_of(r))}</small></td>')
         body.append(f'<tr><th scope="row">{e(d)}</th>{"".join(tds)}</tr>')
@@ -454,7 +454,7 @@ def setup_html(board: Board) -> str:
     honest = [n - f for n in ns for f in fs if isinstance(n, int) and isinstance(f, int)] if len(ns) == 1 else []
     classes = {num_classes(d) for d in board.setup.get("dataset", [])}
     spread = (label_sorted_words(classes.pop() if len(classes) == 1 else None, honest) +
-              " (seed 002's extreme heterogeneity)" if gamma == 0 else
+              " (the extreme heterogeneity of the FBN paper, Guerraoui et al. 2024)" if gamma == 0 else
               "the data is iid across clients" if gamma == 1 else
               f"a fraction {gamma} of each client's data is iid, the rest sorted by class")
     items = [
@@ -467,7 +467,7 @@ def setup_html(board: Board) -> str:
                                    f"{_attacked_words(board.setup.get('attacked', []))}; each message channel (the "
                                    "gradients, the BN running means, the BN running variances) is aggregated by its "
                                    "own rule, and a channel an attack leaves alone carries honest values. GroupNorm "
-                                   "sends gradients only."),
+                                   "sends gradients only." + _phased_words(board)),
     ]
     if board.setup.get("server_data"):
         data = "; ".join(board.setup["server_data"])
@@ -475,6 +475,18 @@ def setup_html(board: Board) -> str:
                                              f"training examples the server holds, while {spread}: a stronger "
                                              "assumption, ranked apart from the root-free defenses."))
     return '<dl class="box">' + "".join(f"<dt>{e(k)}</dt><dd>{e(t)}</dd>" for k, t in items) + "</dl>"
+
+
+def _phased_words(board: Board) -> str:
+    """ " FixBN sends statistics in its first phase only: ..." for the board's protocols whose
+    statistics stop at a switch round (a `phase` of their own), where a BN attack acts only
+    before it."""
+    from .protocols import PROTOCOLS, Protocol
+
+    phased = [norm_words(n) for n in dict.fromkeys(r["norm"] for r in board.rows)
+              if (cls := PROTOCOLS.get(n)) and cls.sends_statistics and cls.phase is not Protocol.phase]
+    return (f" {' and '.join(phased)} {'sends' if len(phased) == 1 else 'send'} statistics in the first phase only "
+            f"(up to the switch round): an attack on the BN messages acts in those rounds.") if phased else ""
 
 
 def _attacked_words(attacked: list[str]) -> str:
@@ -525,8 +537,10 @@ def board_protocols_html(board: Board) -> str:
     if not board.protocols:
         return "<p>No attacked row yet.</p>"
     planned, found = board_protocol_parts(board)
+    lrs = ", ".join(str(v) for v in board.setup.get("lr", []))
     return protocols_html(board.protocols, board.chance, planned,
-                          lambda c, p: ", searched" if found(c, p) else "", found)
+                          lambda c, p: ", searched" if found(c, p) else "", found,
+                          scope=f"every defense at the board's lr {lrs}" if lrs else "")
 
 
 def _protocol_pick(p: dict[str, Any], words: str) -> str:
@@ -551,14 +565,15 @@ def pick_tail(p: dict[str, Any]) -> str:
 
 def protocols_html(cells: list[dict[str, Any]], chance: float | None, planned: dict[bool, Iterable[str]],
                    words: Callable[[dict, dict], str], searched: Callable[[dict, dict], bool] | None = None,
-                   partly: Callable[[dict, dict], bool] = lambda c, p: False) -> str:
+                   partly: Callable[[dict, dict], bool] = lambda c, p: False, scope: str = "") -> str:
     """`robustbn.worst.protocol_map`'s cells as a table per threat model: a row per point, its
     verdict, then each protocol at its highest defense (`words(cell, pick)` after its seeds: its
     tuned values, whether searched), each below the first with its paired gap ("lower by" or
     "tied" only where the cell has a verdict). `planned[trusted]`: the protocols meant to be in
     that threat model; `searched(cell, pick)`: whether a pick's attack search is confirmed (a
     verdict over others is provisional), `partly(cell, pick)`: whether it is but has not yet
-    tried the attacks confirmed at the defense's other points."""
+    tried the attacks confirmed at the defense's other points; `scope`: at which lr the defenses
+    ran, in the caption (the board's one lr and the curves' tuned ones give one point two tables)."""
     from .worst import gap_words, protocol_head, provisional
 
     e = html.escape
@@ -574,8 +589,8 @@ def protocols_html(cells: list[dict[str, Any]], chance: float | None, planned: d
         if rows:
             data = sorted({c["threat"] for c in cells if c["threat"]})
             model = f"{TRUSTED} ({', '.join(data)})" if trusted else ROOT_FREE
-            out.append(f'<div class="scroll"><table class="map protocols"><caption>Which BN protocol, {e(model)}: each '
-                       f'protocol at its highest defense at the point, compared by the same paired rule over seeds '
+            out.append(f'<div class="scroll"><table class="map protocols"><caption>Which BN protocol, {e(model)}'
+                       f'{", " + e(scope) if scope else ""}: each protocol at its highest defense at the point, compared by the same paired rule over seeds '
                        f'(the defense chosen on the seeds it is compared on); clean: the same defense without attack'
                        f'</caption><thead><tr><th scope="col">gamma</th><th scope="col">f</th><th scope="col">verdict'
                        f'</th><th scope="col">protocol: its defense</th></tr></thead><tbody>{"".join(rows)}</tbody>'
@@ -607,7 +622,11 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
         return f"<p>{text}</p>"
     xs, ys, panels = map_panels(defense_map(curves, "gamma", "f", tuned, expected))
     chance = chance_of(curves[0])
-    out = []
+    norms = sorted({r["norm"] for r in curves}, key=norm_order)
+    out = [f"<p>The protocols {e(', '.join(norm_words(n) for n in norms))} along heterogeneity (gamma) and the "
+           f"number of Byzantine clients (f). Each defense runs at each point at its own tuned "
+           f"{e(', '.join(tuned))}, chosen before its reported runs, where the board above runs every defense at "
+           f"one: at the board's point the two read differently.</p>"]
     for norm, data, here in panels:  # a row per point that ran (the sweeps are not a full grid): a phone's width
         model = ROOT_FREE if data is None else f"{TRUSTED} ({data})"
         rows = []
@@ -626,7 +645,9 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
                             f'<td>{picks}</td></tr>')
         out.append(f'<div class="scroll"><table class="map"><caption>{e(norm_words(norm))}, {e(model)}: the '
                    f'defense to use at each point (paired over seeds), or every one tied for best, with its '
-                   f'worst case (%, 95% interval over seeds) and tuned {e(", ".join(tuned))}; (grad): on the '
+                   f'worst case (%, 95% interval over seeds) and tuned {e(", ".join(tuned))}; "next": the closest '
+                   f'other defense below them, lower by its paired gap (none where the closest stands above a tied '
+                   f'defense: told apart from the first on tighter seeds, it is not below the set); (grad): on the '
                    f'gradients, (BN): on the BN mean and variance</caption><thead><tr><th scope="col">gamma</th>'
                    f'<th scope="col">f</th><th scope="col">verdict</th><th scope="col">defense</th></tr></thead>'
                    f'<tbody>{"".join(rows)}</tbody></table></div>')
@@ -635,7 +656,7 @@ def robustness_html(curves: list[dict[str, Any]] | None, tuned: tuple[str, ...] 
     out.append(protocols_html(protocol_map(curves, "gamma", "f", tuned, expected), chance, {False: planned, True: planned},
                               lambda c, p: "; " + ", ".join(f"{k} {p[k]}" for k in tuned) + (notes or {}).get(key(c, p), ""),
                               None if searched is None else lambda c, p: searched(key(c, p)),
-                              lambda c, p: partly(key(c, p))))
+                              lambda c, p: partly(key(c, p)), scope=f"each defense at its tuned {', '.join(tuned)}"))
     for x, (held, value) in (sweeps or {}).items():
         along = [r for r in curves if r.get(held) == value]
         if len({r.get(x) for r in along}) > 1:

@@ -130,6 +130,27 @@ def test_expand_channels_fills_old_rows_from_the_shorthand_and_is_idempotent():
 
 # ---- plots -----------------------------------------------------------------------------------
 
+def test_a_defense_under_attacks_on_different_channels_is_named_whole(tmp_path):
+    """The papers' words name a defense by its attacked channels' pipeline; where that would give
+    one defense two names (fltrust under a gradient attack, fltrust + nnm+trmean under a BN
+    attack) or two defenses one (the mean with and without a client filter), each line names the
+    whole defense, every channel and the filter, and no field reads "=None"."""
+    store = Store(tmp_path / "w.sqlite")
+    trusted = dict(grad_agg="fltrust", bn_agg="nnm+trmean", root_size=50)
+    for seed in (0, 1):
+        add_run(store, 0.5 + seed / 100, norm="fbn", seed=seed, f=3, grad_attack="alie", **trusted)
+        add_run(store, 0.4 + seed / 100, norm="naive", seed=seed, f=3, bn_attack="sf", **trusted)
+        add_run(store, 0.3 + seed / 100, norm="naive", seed=seed, f=3, grad_attack="alie", bn_attack="honest",
+                client_filter="bnguard")
+        add_run(store, 0.2 + seed / 100, norm="naive", seed=seed, f=3, grad_attack="alie")
+    labels = set(curves_by_label(figure(store.rows(), "curves")))
+    store.close()
+    whole = "fltrust on the gradients, nnm+trmean on the mean and variance"
+    assert labels == {f"FBN, ALIE on the gradients, {whole} {CI2}", f"naive BN, SF on the mean and variance, {whole} {CI2}",
+                      f"naive BN, ALIE on the gradients, mean + bnguard filter {CI2}",
+                      f"naive BN, ALIE on the gradients, mean {CI2}"}
+
+
 def test_curves_read_like_the_papers_figures(tmp_path):
     store = two_seed_store(tmp_path / "s.sqlite")
     rows = store.rows()

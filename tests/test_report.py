@@ -209,6 +209,8 @@ def test_the_board_compares_the_protocols_each_at_its_highest_row(setup):
     (trusted,) = [c for c in board.protocols if c["threat"] is not None]
     assert [p["norm"] for p in trusted["protocols"]] == ["fbn"]
     page = board_protocols_html(board)
+    # the board's one lr in the caption: the curves' table of the same point, at tuned lrs, reads differently
+    assert "<caption>Which BN protocol, root-free, every defense at the board&#x27;s lr 0.1: " in page
     heads = re.findall(r"<td><b>(.*?)</b></td>", page)
     assert heads[1] == "only FBN run"  # naive BN has no trusted row at all: nothing is missing
     # FBN's top (trmean on the statistics) has no search here (the fixture searched its nnm+median row)
@@ -303,7 +305,8 @@ def test_the_page_in_chromium_equals_the_json_and_sorts(setup, tmp_path):
         # the heatmap: an HTML table in %, one cell per row of the board
         heat = page.eval_on_selector_all("table.heat td", "tds => tds.map(t => t.firstChild.textContent)")
         assert sorted(x for x in heat if x != "-") == sorted(
-            f"{100 * r['worst_acc']:.1f}" + (" (diverged)" if r["diverged"] else "") for r in want)
+            f"{100 * r['worst_acc']:.1f}" + (f" ({r['diverged']} of {r['seeds']} diverged)" if r["diverged"] else "")
+            for r in want)
         # sort by worst-case accuracy with the keyboard: ascending, then descending
         by_worst = sorted(want, key=lambda r: r["worst_acc"])
         worst_button = "#leaderboard thead th:nth-child(5) button"
@@ -508,6 +511,9 @@ def test_the_robustness_section_names_the_protocol_to_use_at_each_point(tmp_path
         rows = store.rows()
     page = robustness_html(rows, ("lr",), {"gamma": ("f", 3)})
     (protocols,) = re.findall(r'<table class="map protocols">.*?</table>', page)
+    assert "<caption>Which BN protocol, root-free, each defense at its tuned lr: " in protocols
+    assert page.startswith("<p>The protocols naive BN, FBN along heterogeneity (gamma) and the number of Byzantine "
+                           "clients (f). Each defense runs at each point at its own tuned lr")
     assert page.count('alt="Which BN protocol along gamma at f = 3') == 1  # and their figure
     (row,) = re.findall(r"<tr><td>0</td><td>3</td><td><b>(.*?)</b></td><td>(.*?)</td></tr>", protocols)
     assert row[0] == "use FBN"
@@ -576,12 +582,12 @@ def test_the_setup_names_only_the_messages_the_runs_attack_and_the_server_data_t
     from robustbn.report import leaderboard, setup_html
     from test_worst_case import ATTACKS, DEFENSES, add
 
-    def box(*attacks, trusted=False):
-        store = Store(tmp_path / f"{'_'.join(attacks)}_{trusted}.sqlite")
+    def box(*attacks, trusted=False, norm="fbn"):
+        store = Store(tmp_path / f"{'_'.join(attacks)}_{trusted}_{norm}.sqlite")
         for seed in range(2):
             for defense in DEFENSES:
                 for attack in attacks:
-                    add(store, 0.3 + 0.1 * seed, norm="fbn", f=3, seed=seed, **DEFENSES[defense], **ATTACKS[attack])
+                    add(store, 0.3 + 0.1 * seed, norm=norm, f=3, seed=seed, **DEFENSES[defense], **ATTACKS[attack])
             if trusted:
                 add(store, 0.5 + 0.1 * seed, norm="fbn", f=3, seed=seed, grad_agg="fltrust", root_size=50,
                     grad_attack="alie")
@@ -598,6 +604,9 @@ def test_the_setup_names_only_the_messages_the_runs_attack_and_the_server_data_t
     both = box("alie-grad", "sf-mean", trusted=True)
     assert "attack: the gradients (worker momentum) and the BN running means;" in both
     assert "Trusted server data" in both and "root set of 50" in both
+    # a protocol whose statistics stop at a switch round: a BN attack acts before it only, and the box says so
+    phased = "FixBN sends statistics in the first phase only (up to the switch round)"
+    assert phased not in both and phased in box("sf-mean", norm="fixbn")
 
 
 def test_a_tied_map_cell_gives_each_tied_pick_its_paired_gap_and_every_pick_its_clean_interval(tmp_path):
