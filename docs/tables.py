@@ -1951,11 +1951,12 @@ def curve_disagreements() -> None:
         if not {"fbn", "naive"} <= pair.keys():
             continue
         fbn, naive = pair["fbn"], pair["naive"]
-        words = worst_diff(fbn, naive, chance)
-        if not words.endswith("; lower)"):
-            others[words.rsplit("; ", 1)[-1].rstrip(")") if "pairs;" in words else words].append(f"({g:g}, {f})")
+        at_chance = max(fbn["worst_acc"], naive["worst_acc"]) - chance < ABOVE_CHANCE  # as worst_diff words it
+        kind = "both at or below chance" if at_chance else verdict(paired(naive["worst_by_seed"], fbn["worst_by_seed"]))
+        if kind != "lower":
+            others[kind].append(f"({g:g}, {f})")
             continue
-        lr = lambda t: f"lr {t['lr']:g}" + (", searched" if t["searched"] else "")
+        words, lr = worst_diff(fbn, naive, chance), lambda t: f"lr {t['lr']:g}" + (", searched" if t["searched"] else "")
         print(f"- the robustness curves, root-free, gamma = {g:g}, f = {f}, {SEED_002_DEFENSE} on every message (seed "
               f"002: FBN defends better than naive BN; not its setting, which Figure 4's section above runs: its "
               f"attacks touch the BN means alone, here the worst "
