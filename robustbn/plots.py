@@ -508,7 +508,8 @@ def protocol_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str | N
     """Which BN protocol along `x` (gamma or f): a panel per threat model, a line per protocol
     (robustbn.worst.protocol_map): at each point its highest defense's worst case (%), the 95%
     interval as a bar, the defense and the `tuned` values written where they change along the
-    line (the values alone where the defense stays), chance dotted. A protocol's color is its color in every plot."""
+    line (the values alone where the defense stays; a panel with one defense at every point names
+    it in its title), chance dotted. A protocol's color is its color in every plot."""
     if x not in ("gamma", "f"):
         raise ValueError(f"--x {x}: protocols are compared along gamma or f")
     other = "f" if x == "gamma" else "gamma"
@@ -532,6 +533,10 @@ def protocol_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str | N
         labels: dict[Any, list[tuple[float, str, str]]] = defaultdict(list)
         if chance > 0:
             ax.axhline(chance, color="0.5", linestyle=":", linewidth=1.0)
+        # one defense at every point of the panel: named once in its title, the labels carry the rest
+        mine = {compact_defense(p["defense"]) for c in cells if (c["threat"] is not None) == trusted
+                for p in c["protocols"]}
+        shared = next(iter(mine)) if len(mine) == 1 else None
         for i, (norm, h) in enumerate((n, h) for n in norms for h in held):
             pts = sorted(((c, p) for c in cells if (c["threat"] is not None) == trusted and c[other] == h
                           for p in c["protocols"] if p["norm"] == norm), key=lambda cp: sort_key(cp[0][x]))
@@ -550,14 +555,15 @@ def protocol_figure(rows: list[dict[str, Any]], x: str = "gamma", title: str | N
             said = None
             for (c, p), xv, y in zip(pts, xs, ys):
                 seeds[name].add(p["seeds"])
-                now = (compact_defense(p["defense"]), ", ".join(f"{k} {text(p.get(k))}" for k in tuned))
+                now = ("" if shared else compact_defense(p["defense"]), ", ".join(f"{k} {text(p.get(k))}" for k in tuned))
                 if now != said:  # the defense again where only its tuned values changed: one label fewer to crowd
                     words = now[1] if said and said[0] == now[0] and now[1] else ", ".join(filter(None, now))
                     labels[xv].append((y, words, color(norm)))
                 said = now
         for xv, here in labels.items():
             _tuned_labels(ax, xv, here)
-        ax.set_title("trusted server data" if trusted else "root-free", fontsize=10)
+        ax.set_title(("trusted server data" if trusted else "root-free") + (f"\nevery point: {shared}" if shared else ""),
+                     fontsize=10)
         ax.set_xlabel(x if even else f"{x} (its points at even steps)")
         ax.set_xticks(ticks, [text(v) for v in at_x])
         ax.set_xlim(ticks[0] - 0.05 * span, ticks[-1] + 0.3 * span)  # room for the defenses' names

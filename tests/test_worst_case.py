@@ -847,7 +847,8 @@ def test_the_protocols_figure_draws_each_protocols_top_defense_along_x(tmp_path,
     lines = {mcolor(ln.get_color()): ln for ln in panel.get_lines() if ln.get_linestyle() == "-"}
     assert list(lines[mcolor(NORM_COLORS["naive"])].get_xdata()) == [1.0]
     assert list(lines[mcolor(NORM_COLORS["fbn"])].get_xdata()) == [0.0, 1.0]
-    # one defense all along, its lr tuned per point: the defense is written once, then the lr alone where it moves
+    # one defense at every point of the panel, its lr tuned per point: the defense in the panel's title, the labels
+    # the lr alone, where it moves
     with Store(tmp_path / "lr.sqlite") as store:
         for seed in range(2):
             for gamma, lr in ((0.0, 0.05), (0.5, 0.05), (1.0, 0.1)):
@@ -855,7 +856,18 @@ def test_the_protocols_figure_draws_each_protocols_top_defense_along_x(tmp_path,
                     **ATTACKS["sf-mean"])
         tuned_rows = store.rows()
     (panel,) = [a for a in protocol_figure(tuned_rows, "gamma", tuned=("lr",)).axes if a.get_title()]
-    assert sorted((t.xy[0], t.get_text().replace("\n", " ")) for t in panel.texts) == [(0.0, f"{MEAN_DEFENSE}, lr 0.05"), (1.0, "lr 0.1")]
+    assert panel.get_title() == f"root-free\nevery point: {MEAN_DEFENSE}"
+    assert sorted((t.xy[0], t.get_text()) for t in panel.texts) == [(0.0, "lr 0.05"), (1.0, "lr 0.1")]
+    # a second defense at one point: no title names a defense, the labels do (written once, then the lr alone)
+    with Store(tmp_path / "lr.sqlite") as store:
+        for seed in range(2):
+            add(store, 0.6 + 0.01 * seed, norm="fbn", f=3, gamma=1.0, seed=seed, lr=0.1, **DEFENSES["nnm+median"],
+                **ATTACKS["sf-mean"])
+        tuned_rows = store.rows()
+    (panel,) = [a for a in protocol_figure(tuned_rows, "gamma", tuned=("lr",)).axes if a.get_title()]
+    assert panel.get_title() == "root-free"
+    assert sorted((t.xy[0], t.get_text().replace("\n", " ")) for t in panel.texts) == [
+        (0.0, f"{MEAN_DEFENSE}, lr 0.05"), (1.0, "mean (grad), nnm+median (BN), lr 0.1")]
     out = tmp_path / "p.png"
     assert main(["plot", "protocols", "--x", "gamma", "--db", db, "--out", str(out)]) == 0
     assert out.read_bytes()[:4] == b"\x89PNG"
