@@ -205,9 +205,11 @@ def setting_defense_words(row: dict[str, Any]) -> str:
 
 def attack_short(row: dict[str, Any]) -> str:
     """The attack in a few characters, for a heatmap cell: "SF (mean)", "ALIE (grad)",
-    "SF (mean, var)", "ALIE (grad) + SF (mean, var)"; "no attack"."""
-    attacked = {c: a for c, (a, *_) in channels(row).items() if a not in NOT_ATTACKS} if row.get("f") else {}
+    "SF (mean, var)", "ALIE (grad) + SF (mean, var)"; "no attack". Channels share a bracket only
+    where the attack's parameters are the same too: "ALIE (mean) + ALIE (var)" is two attacks."""
+    attacked = ({c: (a, text(ap)) for c, (a, ap, *_) in channels(row).items() if a not in NOT_ATTACKS}
+                if row.get("f") else {})
     if not attacked:
         return NO_ATTACK
     return " + ".join(f"{ATTACK_WORDS.get(a, a)} ({', '.join(SHORT_CHANNELS.get(c, c) for c in names)})"
-                      for a, names in by_channel(attacked))
+                      for (a, _), names in by_channel(attacked))

@@ -13,7 +13,7 @@ from scipy.stats import sem
 from scipy.stats import t as t_dist
 
 from robustbn.cli import main
-from robustbn.labels import attack_words, defense_words, group
+from robustbn.labels import attack_short, attack_words, defense_words, group
 from robustbn.plots import figure, plot
 from robustbn.scenario import Scenario
 from robustbn.channels import expand_channels
@@ -97,6 +97,19 @@ ROW = dict(norm="fbn", n=10, f=3, grad_attack="none", grad_agg="mean", bn_attack
 def test_attack_and_defense_in_words(fields, attack, defense):
     row = {**ROW, **fields}
     assert attack_words(row) == attack and defense_words(row) == defense
+
+
+@pytest.mark.parametrize("fields, short", [
+    (dict(bn_attack="sf"), "SF (mean, var)"),
+    (dict(grad_attack="alie", bn_attack="sf"), "ALIE (grad) + SF (mean, var)"),
+    (dict(grad_attack="alie", bn_attack="alie"), "ALIE (grad, mean, var)"),
+    # the same attack at two strengths is two attacks: a shared bracket would say one
+    (dict(bn_mean_attack="alie", bn_mean_attack_params={"z": 1.0}, bn_var_attack="alie",
+          bn_var_attack_params={"z": 2.0}), "ALIE (mean) + ALIE (var)"),
+    (dict(bn_attack="honest"), "no attack"),
+])
+def test_the_short_attack_shares_a_bracket_only_between_channels_attacked_alike(fields, short):
+    assert attack_short({**ROW, **fields}) == short
 
 
 def test_a_users_rule_shows_the_defaults_it_declares_and_nothing_else(tmp_path, monkeypatch):
