@@ -367,8 +367,10 @@ def _tuned_labels(ax, x: float, labels: list[tuple[float, str, str]], gap: float
         y_at = max(y, top + gap * (lines_before + lines) / 2)  # centre to centre: half of each label's height
         top, lines_before = y_at, lines
         # beside its point, lifted where the label below it would overlap
+        # a translucent backing: a label that lands on another line's stroke stays readable
         ax.annotate(words, (x, y), xytext=(7, y_at), textcoords=("offset points", "data"), fontsize=6,
-                    color=color, va="center", gid="tuned", annotation_clip=False)
+                    color=color, va="center", gid="tuned", annotation_clip=False,
+                    bbox=dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none", alpha=0.75))
 
 
 def _gapped(ticks: list[float], xs: list[float], *ys: list[float]) -> tuple[list[float], ...]:
