@@ -434,6 +434,30 @@ def keep_earlier_confirmation(path: Path, new_values: dict[str, Any]) -> Path | 
     return kept
 
 
+def drop_earlier_copies(path: Path, new_values: dict[str, Any]) -> list[Path]:
+    """The <stem>_earlier_<k>.toml files beside `path` that plan exactly the runs `new_values`
+    (the confirmation about to be written there) plans: a search that confirms again an attack
+    kept earlier makes that file a copy of `path`, whose runs count through `path` itself. They
+    are removed and returned."""
+    from .store import scenario_hash
+
+    runs = lambda scs: {scenario_hash({k: v for k, v in sc.to_dict().items() if k != "description"}) for sc in scs}
+    try:
+        now = runs(expand(new_values, str(path)))
+    except MatrixError:
+        return []
+    copies = []
+    for earlier in sorted(path.parent.glob(f"{path.stem}{EARLIER}*.toml")):
+        try:
+            if runs(expand(read(earlier), str(earlier))) == now:
+                copies.append(earlier)
+        except MatrixError:
+            continue
+    for earlier in copies:
+        earlier.unlink()
+    return copies
+
+
 def published_store(root: Path, workdir: Path):
     """A store of the board's published runs (the CSV read once into workdir/published.sqlite)."""
     from .store import Store, read_export

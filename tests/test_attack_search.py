@@ -539,18 +539,21 @@ def test_a_confirmation_rewritten_with_another_attack_keeps_the_earlier_one(tmp_
     assert read(confirm)["grad_attack"] == "ipm" and "every attack confirmed here counts" in read(kept)["description"]
     assert keep_earlier_confirmation(confirm, {**read(confirm), "grad_attack": "sf", "lr": 0.5}) is None
     assert keep_earlier_confirmation(tmp_path / "missing.toml", read(confirm)) is None
-    # sf confirmed there again, then ipm again: ipm is kept once (earlier_2), and sf, kept already, not twice
-    search(capsys, write(tmp_path, one("sf"), "a.toml"), db, "--confirm", str(confirm))
+    # sf confirmed there again: ipm is kept (earlier_2), and earlier_1, sf's copy now, removed; ipm and sf again:
+    # each attack in one file, never a second copy of the confirmation file
+    assert main(["attack-search", str(write(tmp_path, one("sf"), "a.toml")), "--db", str(db), "--quiet",
+                 "--confirm", str(confirm)]) == 0
+    assert "searched_worst_x_earlier_1.toml removed: it held the attack confirmed again" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.glob("searched_worst_x_*")) == ["searched_worst_x_earlier_2.toml"]
     assert read(tmp_path / "searched_worst_x_earlier_2.toml")["grad_attack"] == "ipm"
-    search(capsys, write(tmp_path, one("ipm"), "b.toml"), db, "--confirm", str(confirm))
-    search(capsys, write(tmp_path, one("sf"), "a.toml"), db, "--confirm", str(confirm))
-    assert sorted(p.name for p in tmp_path.glob("searched_worst_x_*")) == ["searched_worst_x_earlier_1.toml",
-                                                                          "searched_worst_x_earlier_2.toml"]
+    for attack in ("ipm", "sf"):
+        search(capsys, write(tmp_path, one(attack), f"{attack}.toml"), db, "--confirm", str(confirm))
+        (kept,) = tmp_path.glob("searched_worst_x_*")
+        assert read(confirm)["grad_attack"] == attack and read(kept)["grad_attack"] == {"ipm": "sf", "sf": "ipm"}[attack]
     # at another lr, an earlier file of the same attack does not stand for this one: its runs are other runs
-    (tmp_path / "searched_worst_x_earlier_1.toml").write_text(
-        toml_text({**read(tmp_path / "searched_worst_x_earlier_1.toml"), "lr": 0.5}), encoding="utf-8")
+    kept.write_text(toml_text({**read(confirm), "lr": 0.5}), encoding="utf-8")
     assert keep_earlier_confirmation(confirm, {**read(confirm), "grad_attack": "ipm"}).name == \
-        "searched_worst_x_earlier_3.toml"
+        "searched_worst_x_earlier_1.toml"
 
 
 def test_a_search_tries_the_confirmation_file_it_rewrites(tmp_path, capsys):

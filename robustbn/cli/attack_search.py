@@ -117,7 +117,7 @@ def _write_confirmation(args, values: dict, outcome_json: dict, given: list) -> 
     naming each --try file and its attack."""
     from pathlib import Path
 
-    from ..evaluate import confirmation_values, keep_earlier_confirmation, toml_text
+    from ..evaluate import confirmation_values, drop_earlier_copies, keep_earlier_confirmation, toml_text
     from ..labels import attack_words
     from ..matrix import carried_search_path, expand
     from ..search import defense_of, trial_values
@@ -136,6 +136,8 @@ def _write_confirmation(args, values: dict, outcome_json: dict, given: list) -> 
     confirm = carried_search_path(confirm, Path(args.file).resolve().parent, Path(args.confirm).parent)
     if kept := keep_earlier_confirmation(Path(args.confirm), confirm):
         print(f"the attack {args.confirm} confirmed before is kept in {kept}: its runs still count", file=sys.stderr)
+    for copy in drop_earlier_copies(Path(args.confirm), confirm):
+        print(f"{copy} removed: it held the attack confirmed again in {args.confirm}", file=sys.stderr)
     Path(args.confirm).write_text(toml_text(confirm), encoding="utf-8")
     print(f"confirmation file: {args.confirm} (robustbn run it)", file=sys.stderr)
 
