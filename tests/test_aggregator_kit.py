@@ -32,7 +32,11 @@ SPECS = sorted(aggregators.AGGREGATORS) + [f"{p}+mean" for p in sorted(aggregato
 # there (a failure would be shrunk for tens of seconds and tell nothing); every other property must hold.
 TIES = {"permutation invariance", "translation equivariance", "positive-scale equivariance",
         "stacked (vmap) equals one call per set"}
-NOT_RUN = {"nnm+krum": TIES, "arc+nnm+meamed": TIES}
+# DnC's Gram matrix is float32: beside a row of about 1e6 its errors (1e5) swamp the honest rows'
+# score differences, so which honest rows it keeps is rounding, which differs between the batched
+# call and single calls. A known defect, pinned below (test_dnc_keeps_rows_by_rounding_beside_a_huge_row);
+# the fix (a float64 Gram) changes stored dnc runs, so it waits for its own change.
+NOT_RUN = {"nnm+krum": TIES, "arc+nnm+meamed": TIES, "dnc": {"stacked (vmap) equals one call per set"}}
 
 
 def failures(outcomes):
@@ -213,3 +217,17 @@ def test_a_chosen_subset_of_properties_runs_and_an_unknown_one_is_named():
                                                        ("input never written", "held")]
     with pytest.raises(ValueError, match="unknown property 'symmetry'; allowed: 'output shape"):
         check("median", properties=["symmetry"])
+
+
+@pytest.mark.xfail(strict=True, reason="known defect: DnC's float32 Gram matrix beside a row of about 1e6 "
+                                       "(its fix changes stored dnc runs); strict, so a fix shows here")
+def test_dnc_keeps_rows_by_rounding_beside_a_huge_row():
+    """Six rows, one at -1e6, f = 2: DnC keeps the 4 rows of smallest score; the honest rows'
+    scores differ by about 1e-6 of their size, below float32's Gram resolution. In float64 the
+    batched call and single calls agree (-0.0529); in float32 they keep different rows."""
+    x = torch.tensor([[-2.5148e-02], [-1.0555e-01], [-5.5926e-02], [-1.1971e-02], [-1.0168e+06], [-2.5046e-02]])
+    sets = torch.stack([x, x.flip(0)])
+    assert float(aggregators.build("dnc", f=2)(x.double())) == pytest.approx(-0.0529, abs=1e-4)
+    stacked = aggregators.build("dnc", f=2).stacked(sets)
+    calls = torch.stack([aggregators.build("dnc", f=2)(s) for s in sets])
+    torch.testing.assert_close(stacked, calls)
